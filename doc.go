@@ -1,0 +1,23 @@
+// Package idem makes retried operations safe.
+//
+// A caller names one logical operation with an idempotency key and sends the
+// same key on every retry. [Store.RunOnce] claims the key before the operation
+// runs, so one key produces at most one side effect, and every caller with
+// that key gets the first execution's answer:
+//
+//   - Concurrent duplicates coalesce: they wait for the one execution in
+//     flight instead of starting another.
+//   - A key reused with a different payload is refused with
+//     [ErrPayloadMismatch] rather than answered with another request's result.
+//   - A failure before commit (an ordinary error or a panic) releases the key,
+//     so the next retry runs the operation again. Only a success or an error
+//     marked with [Final] is remembered and replayed.
+//   - Outcomes are remembered for a TTL, then the key may be used afresh.
+//   - No caller's cancellation stops the shared execution: a caller whose
+//     context ends stops waiting and gets an error that is both
+//     [ErrInProgress] and the context's error, while the operation goes on
+//     for everyone else.
+//
+// A Store is safe for use by many goroutines. The zero [Options] keep
+// outcomes in memory for 24 hours.
+package idem

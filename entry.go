@@ -1,0 +1,53 @@
+package idem
+
+import "time"
+
+// An entry is one key's claim in memory: in flight until its outcome is set,
+// then either removed (failure before commit) or kept as completed until it
+// expires.
+type entry[R any] struct {
+	key string
+	fp  Fingerprint // of the payload that claimed the key; immutable
+
+	// Guarded by the owning shard's mu.
+	completed  bool          // the outcome is final and replays until expires
+	expires    time.Time     // set when completed
+	prev, next *entry[R]     // the shard's expiry list, completed entries only
+	done       chan struct{} // closed once the outcome is set; made on demand by the first caller that waits, nil if none ever did
+
+	// Written once by the execution before completed is set or done is
+	// closed; read only after observing either.
+	val R
+	err error
+}
+
+// expiryList holds a shard's completed entries in completion order. With one
+// TTL for the whole store, completion order is expiry order, so the expired
+// entries are always a prefix and a sweep touches only what it removes.
+type expiryList[R any] struct {
+	head, tail *entry[R]
+}
+
+func (l *expiryList[R]) pushBack(e *entry[R]) {
+	e.prev, e.next = l.tail, nil
+	if l.tail == nil {
+		l.head = e
+	} else {
+		l.tail.next = e
+	}
+	l.tail = e
+}
+
+func (l *expiryList[R]) remove(e *entry[R]) {
+	if e.prev == nil {
+		l.head = e.next
+	} else {
+		e.prev.next = e.next
+	}
+	if e.next == nil {
+		l.tail = e.prev
+	} else {
+		e.next.prev = e.prev
+	}
+	e.prev, e.next = nil, nil
+}

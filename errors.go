@@ -1,0 +1,90 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+)
+
+// These errors are returned by a Store; test for them with [errors.Is], since
+// they usually come wrapped with detail.
+var (
+	// ErrPayloadMismatch is returned when a key is reused with a payload whose
+	// fingerprint differs from the one that first claimed it, while that claim
+	// is in flight or its outcome is remembered. The first execution is not
+	// disturbed.
+	ErrPayloadMismatch = errors.New("idem: key reused with a different payload")
+
+	// ErrInProgress is returned when a caller stops waiting for an execution
+	// that is still running: its context ended first (the error then also
+	// matches the context's error), or Forget was asked to drop a key in
+	// flight.
+	ErrInProgress = errors.New("idem: operation in progress")
+
+	// ErrOutcomeUnknown is returned when a durable record shows the key was
+	// claimed but its owner stopped before recording an outcome, so the
+	// operation may or may not have taken effect. Such a key stays in this
+	// state until Forget clears it.
+	ErrOutcomeUnknown = errors.New("idem: outcome unknown: the key was claimed but its owner stopped before recording an outcome")
+
+	// ErrInvalidKey is returned when a key is empty, longer than MaxKeyLen
+	// bytes, not valid UTF-8, or holds a control character.
+	ErrInvalidKey = errors.New("idem: invalid key")
+
+	// ErrFull is returned when a new key would take the store past
+	// Options.MaxKeys. Keys already held still replay; no live key is ever
+	// evicted to make room, since that would reopen the window for a second
+	// execution.
+	ErrFull = errors.New("idem: store is full")
+
+	// ErrClosed is returned by calls made after Close.
+	ErrClosed = errors.New("idem: store is closed")
+)
+
+var (
+	errNilContext = errors.New("idem: nil Context")
+	errNilFunc    = errors.New("idem: nil fn")
+	errGoexit     = errors.New("idem: fn called runtime.Goexit")
+)
+
+// Final marks err as a definitive outcome of the operation, such as "card
+// declined": the store remembers and replays it like a success instead of
+// releasing the key for another try. [errors.Is] and [errors.As] still find
+// err through the result. Final(nil) is nil.
+func Final(err error) error {
+	if err == nil || IsFinal(err) {
+		return err
+	}
+	return &finalError{err: err}
+}
+
+// IsFinal reports whether err, or any error it wraps, was marked with
+// [Final]. It holds for a replayed final error too.
+func IsFinal(err error) bool {
+	var f *finalError
+	return errors.As(err, &f)
+}
+
+// finalError keeps the message of the error it marks, so a final error reads
+// the same whether it comes from the execution or from a replay.
+type finalError struct{ err error }
+
+func (e *finalError) Error() string { return e.err.Error() }
+func (e *finalError) Unwrap() error { return e.err }
+
+// PanicError is the error every caller gets when fn panics. The key is
+// released, as for any failure before commit, and the process goes on.
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // the panicking goroutine's stack, from runtime/debug.Stack
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("idem: fn panicked: %v\n\n%s", e.Value, e.Stack)
+}
+
+// Unwrap returns the panic value when it is an error, so that, for example,
+// errors.Is(err, http.ErrAbortHandler) sees through the panic.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}

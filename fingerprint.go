@@ -1,0 +1,30 @@
+package idem
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+)
+
+// A Fingerprint identifies a payload: two requests under one key are the
+// same request exactly when their fingerprints are equal.
+type Fingerprint [sha256.Size]byte
+
+// DefaultFingerprint is the fingerprint a Store uses unless
+// Options.Fingerprint says otherwise: the SHA-256 of the payload, with a
+// []byte or string hashed as it is and any other value hashed as its JSON
+// encoding. A value that encoding/json cannot encode, such as a channel, is an
+// error.
+func DefaultFingerprint(payload any) (Fingerprint, error) {
+	switch p := payload.(type) {
+	case []byte:
+		return sha256.Sum256(p), nil
+	case string:
+		return sha256.Sum256([]byte(p)), nil
+	}
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return Fingerprint{}, fmt.Errorf("idem: payload has no JSON encoding to fingerprint: %w", err)
+	}
+	return sha256.Sum256(b), nil
+}

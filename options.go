@@ -1,0 +1,80 @@
+package idem
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Options configure a Store. The zero value is ready to use: outcomes are
+// kept in memory for 24 hours. Options are read once by New; changing them
+// afterwards has no effect.
+type Options struct {
+	// TTL is how long a final outcome is remembered and replayed. After it,
+	// the key may be used afresh. Choose it from the longest window in which
+	// a retry can arrive, not from storage cost. Zero or negative means 24
+	// hours.
+	TTL time.Duration
+
+	// SweepInterval is how often a background goroutine removes expired
+	// outcomes from memory. Expiry is also checked on every lookup, so the
+	// sweeper bounds memory, never correctness. Zero means one minute, or the
+	// TTL if that is shorter; negative means no background sweeper (call
+	// Store.Sweep yourself).
+	SweepInterval time.Duration
+
+	// MaxKeys bounds the keys held in memory, in flight or remembered. When
+	// it is reached, a new key gets ErrFull while known keys still replay;
+	// no live key is evicted. Zero or negative means unbounded.
+	MaxKeys int
+
+	// ExecutionTimeout bounds the context that fn runs under. A fn that fails
+	// with it has failed before commit: its key is released. It also bounds
+	// how long Close waits for executions in flight, for an fn that honours
+	// its context. Zero or negative means no bound.
+	ExecutionTimeout time.Duration
+
+	// Now returns the current time, for TTL expiry. Tests inject a fake clock
+	// here instead of sleeping. Nil means time.Now.
+	Now func() time.Time
+
+	// Fingerprint identifies a payload, to detect a key reused for a
+	// different request. It must be safe for concurrent use and give equal
+	// fingerprints for payloads that mean the same request. Nil means
+	// DefaultFingerprint.
+	Fingerprint func(payload any) (Fingerprint, error)
+
+	// Logger receives what the store cannot return to a caller, such as a
+	// panic recovered inside the background sweeper. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+const (
+	defaultTTL           = 24 * time.Hour
+	defaultSweepInterval = time.Minute
+)
+
+// withDefaults returns o with every zero field replaced by its default.
+func (o Options) withDefaults() Options {
+	if o.TTL <= 0 {
+		o.TTL = defaultTTL
+	}
+	if o.SweepInterval == 0 {
+		o.SweepInterval = min(defaultSweepInterval, o.TTL)
+	}
+	if o.MaxKeys < 0 {
+		o.MaxKeys = 0
+	}
+	if o.ExecutionTimeout < 0 {
+		o.ExecutionTimeout = 0
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Fingerprint == nil {
+		o.Fingerprint = DefaultFingerprint
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}

@@ -1,0 +1,217 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+)
+
+// A Store runs each keyed operation at most once and remembers its outcome.
+// Create one with New; it is safe for use by many goroutines. Close it to
+// stop its sweeper and wait for executions in flight.
+type Store[R any] struct {
+	opts   Options // with defaults applied; read-only after New
+	table  *table[R]
+	closed atomic.Bool // set by Close before the table refuses claims
+
+	closeOnce sync.Once
+	stop      chan struct{} // closed by Close to stop the sweeper
+	swept     chan struct{} // closed by the sweeper when it exits; nil if there is none
+}
+
+// testHookWait, if set, runs each time a caller starts waiting for an
+// execution in flight. Tests use it to know that duplicates are parked.
+var testHookWait func()
+
+// New returns a Store configured by opts and starts its background sweeper.
+func New[R any](opts Options) *Store[R] {
+	s := &Store[R]{
+		opts: opts.withDefaults(),
+		stop: make(chan struct{}),
+	}
+	s.table = newTable[R](s.opts.MaxKeys)
+	if s.opts.SweepInterval > 0 {
+		s.swept = make(chan struct{})
+		go s.sweepLoop(s.opts.SweepInterval)
+	}
+	return s
+}
+
+// RunOnce runs fn at most once for key and returns its outcome to every
+// caller with that key, until the outcome expires.
+//
+// The payload identifies the request: a later call with the same key and a
+// payload of a different fingerprint gets ErrPayloadMismatch. If the key is
+// absent, RunOnce claims it and runs fn. If the key is in flight, RunOnce
+// waits for that execution's outcome instead of running fn again. If the key
+// holds a final outcome, RunOnce returns it without calling fn.
+//
+// Only a nil error or one marked with Final is remembered. Any other error,
+// and a panic in fn (returned as a *PanicError), releases the key: every
+// caller waiting on this execution gets that error, and the next call runs fn
+// again.
+//
+// fn runs under a context that keeps the values of the first caller's ctx but
+// not its cancellation, bounded by Options.ExecutionTimeout. Each caller
+// waits under its own ctx: if ctx ends first, RunOnce returns an error that
+// matches both ErrInProgress and ctx.Err(), and the execution goes on for the
+// others. A ctx that is already done claims nothing.
+func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func(context.Context) (R, error)) (R, error) {
+	var zero R
+	switch {
+	case ctx == nil:
+		return zero, errNilContext
+	case fn == nil:
+		return zero, errNilFunc
+	}
+	if err := ctx.Err(); err != nil {
+		return zero, err
+	}
+	if err := CheckKey(key); err != nil {
+		return zero, err
+	}
+	fp, err := s.opts.Fingerprint(payload)
+	if err != nil {
+		return zero, err
+	}
+	// A caller whose ctx can never end can never stop waiting, so it runs fn
+	// itself and pays for neither a goroutine nor a channel.
+	canLeave := ctx.Done() != nil
+	e, kind, err := s.claim(key, fp, canLeave)
+	if err != nil {
+		return zero, err
+	}
+	switch kind {
+	case claimReplay:
+		return e.val, e.err
+	case claimWait:
+		return wait(ctx, e)
+	}
+	if !canLeave {
+		s.execute(ctx, e, fn)
+		return e.val, e.err
+	}
+	go s.execute(context.WithoutCancel(ctx), e, fn)
+	return wait(ctx, e)
+}
+
+// claim claims key in the table. A full table is swept of expired entries
+// once before ErrFull is returned, since those entries hold no live key.
+func (s *Store[R]) claim(key string, fp Fingerprint, wantDone bool) (*entry[R], claimKind, error) {
+	now := s.opts.Now()
+	e, kind, err := s.table.claim(key, fp, now, wantDone)
+	if err == ErrFull {
+		if n, _ := s.table.sweep(now, noStop); n > 0 {
+			e, kind, err = s.table.claim(key, fp, now, wantDone)
+		}
+	}
+	return e, kind, err
+}
+
+// wait returns e's outcome once it is set, or an error matching both
+// ErrInProgress and ctx's error if ctx ends first.
+func wait[R any](ctx context.Context, e *entry[R]) (R, error) {
+	if testHookWait != nil {
+		testHookWait()
+	}
+	select {
+	case <-e.done:
+		return e.val, e.err
+	case <-ctx.Done():
+		select {
+		case <-e.done: // finished at the same moment: prefer the outcome
+			return e.val, e.err
+		default:
+			var zero R
+			return zero, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
+		}
+	}
+}
+
+// execute runs fn for the owned entry e and settles the outcome: a success or
+// final error completes e, anything else releases it.
+func (s *Store[R]) execute(ctx context.Context, e *entry[R], fn func(context.Context) (R, error)) {
+	if d := s.opts.ExecutionTimeout; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	// Deferred so that the key is settled even if fn calls runtime.Goexit,
+	// which unwinds this goroutine without returning.
+	e.err = errGoexit
+	defer func() {
+		if e.err == nil || IsFinal(e.err) {
+			s.table.complete(e, s.opts.Now().Add(s.opts.TTL))
+		} else {
+			s.table.release(e)
+		}
+	}()
+	e.val, e.err = call(ctx, fn)
+}
+
+// call runs fn, turning a panic into a *PanicError.
+func call[R any](ctx context.Context, fn func(context.Context) (R, error)) (val R, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			var zero R
+			val, err = zero, &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return fn(ctx)
+}
+
+// Forget drops key's remembered outcome, so the next call with the key runs
+// fn again. It is the operator's reconciliation of a key: a key in flight is
+// refused with ErrInProgress; a key not held is not an error.
+func (s *Store[R]) Forget(ctx context.Context, key string) error {
+	if ctx == nil {
+		return errNilContext
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	return s.table.forget(key)
+}
+
+// Sweep removes the outcomes that have expired and returns how many it
+// removed. The background sweeper calls it every Options.SweepInterval; call
+// it yourself when that is negative. Sweep holds a lock only for a bounded
+// batch at a time and stops early, with ctx's error, if ctx ends.
+func (s *Store[R]) Sweep(ctx context.Context) (int, error) {
+	if ctx == nil {
+		return 0, errNilContext
+	}
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	return s.table.sweep(s.opts.Now(), ctx.Err)
+}
+
+// Len returns the number of keys held in memory, in flight or remembered,
+// including expired ones not yet swept.
+func (s *Store[R]) Len() int { return s.table.len() }
+
+// Close stops the sweeper, refuses later calls with ErrClosed, and waits for
+// executions in flight to finish and be recorded; Options.ExecutionTimeout
+// bounds that wait for an fn that honours its context. Callers waiting on
+// those executions still get their outcomes. Close is idempotent: later calls
+// return nil at once, or once the first has finished.
+func (s *Store[R]) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.table.close()
+		close(s.stop)
+		if s.swept != nil {
+			<-s.swept
+		}
+		s.table.running.Wait()
+	})
+	return nil
+}
+
+func noStop() error { return nil }

@@ -1,0 +1,49 @@
+package idem
+
+import (
+	"errors"
+	"runtime/debug"
+	"time"
+)
+
+// errStopped ends a sweep early when the store is closing.
+var errStopped = errors.New("idem: sweeper stopped")
+
+// sweepLoop removes expired outcomes every interval until Close. It is
+// supervised: a panic inside one sweep is recovered and logged, and the next
+// tick sweeps again.
+func (s *Store[R]) sweepLoop(interval time.Duration) {
+	defer close(s.swept)
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-ticker.C:
+			s.sweepOnce()
+		}
+	}
+}
+
+// sweepOnce runs one supervised sweep.
+func (s *Store[R]) sweepOnce() {
+	defer func() {
+		if v := recover(); v != nil {
+			s.opts.Logger.Error("idem: sweep panicked; sweeping goes on at the next interval",
+				"panic", v, "stack", string(debug.Stack()))
+		}
+	}()
+	s.table.sweep(s.opts.Now(), s.stopped)
+}
+
+// stopped returns errStopped once Close has begun, so a long sweep does not
+// hold Close up.
+func (s *Store[R]) stopped() error {
+	select {
+	case <-s.stop:
+		return errStopped
+	default:
+		return nil
+	}
+}

@@ -1,0 +1,216 @@
+package idem
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// numShards splits the claim table so that goroutines working on different
+// keys rarely contend for one mutex. A power of two, so a hash picks a shard
+// with a mask.
+const numShards = 32
+
+// sweepBatch bounds how many entries a sweep removes under one hold of a
+// shard's lock, so that claims on that shard never wait behind a long pass.
+const sweepBatch = 256
+
+// testHookSweepBatch, if set, runs inside every sweep batch with the shard
+// locked. Tests use it to make a sweep panic.
+var testHookSweepBatch func()
+
+// claimKind says what a claim found.
+type claimKind int
+
+const (
+	claimOwner  claimKind = iota // the key was absent: the caller must execute and settle
+	claimWait                    // in flight: wait on entry.done
+	claimReplay                  // completed: entry.val and entry.err are the outcome
+)
+
+// A table is the claim table: every key's entry, split across shards. Its
+// methods are the only code that changes an entry's state, so a backend can
+// later slot in behind the same three moves: claim, complete, release.
+type table[R any] struct {
+	seed    maphash.Seed
+	maxKeys int64          // 0: unbounded
+	keys    atomic.Int64   // entries held, maintained only when maxKeys > 0
+	running sync.WaitGroup // executions in flight; Add only under a shard lock while the shard is open
+	shards  [numShards]shard[R]
+}
+
+type shard[R any] struct {
+	mu      sync.Mutex
+	closed  bool                 // guarded by mu; no claims once set
+	entries map[string]*entry[R] // guarded by mu
+	expiry  expiryList[R]        // guarded by mu
+	_       [64]byte             // keep neighbouring shards' locks off one cache line
+}
+
+func newTable[R any](maxKeys int) *table[R] {
+	t := &table[R]{seed: maphash.MakeSeed(), maxKeys: int64(maxKeys)}
+	for i := range t.shards {
+		t.shards[i].entries = make(map[string]*entry[R])
+	}
+	return t
+}
+
+func (t *table[R]) shard(key string) *shard[R] {
+	return &t.shards[maphash.String(t.seed, key)&(numShards-1)]
+}
+
+// claim atomically looks key up and, if it is absent or expired, inserts a
+// new in-flight entry owned by the caller, counting it as running. Lookup and
+// insert happen under one lock with nothing blocking in between. If the key
+// is in flight and wantDone is set, claim makes sure the entry has a done
+// channel to wait on; the owner asks for one when it may stop waiting before
+// the execution ends.
+func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone bool) (*entry[R], claimKind, error) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.closed {
+		return nil, 0, ErrClosed
+	}
+	if e := sh.entries[key]; e != nil {
+		switch {
+		case e.completed && !now.Before(e.expires):
+			t.removeLocked(sh, e) // expired: the key is free again
+		case e.fp != fp:
+			return nil, 0, ErrPayloadMismatch
+		case e.completed:
+			return e, claimReplay, nil
+		default:
+			if e.done == nil {
+				e.done = make(chan struct{})
+			}
+			return e, claimWait, nil
+		}
+	}
+	if t.maxKeys > 0 && t.keys.Add(1) > t.maxKeys {
+		t.keys.Add(-1)
+		return nil, 0, ErrFull
+	}
+	e := &entry[R]{key: key, fp: fp}
+	if wantDone {
+		e.done = make(chan struct{})
+	}
+	sh.entries[key] = e
+	t.running.Add(1)
+	return e, claimOwner, nil
+}
+
+// complete records e's outcome, already written to e.val and e.err, as final
+// until expires, and wakes its waiters.
+func (t *table[R]) complete(e *entry[R], expires time.Time) {
+	sh := t.shard(e.key)
+	sh.mu.Lock()
+	e.completed, e.expires = true, expires
+	sh.expiry.pushBack(e)
+	if e.done != nil {
+		close(e.done)
+	}
+	sh.mu.Unlock()
+	t.running.Done()
+}
+
+// release removes e, whose execution failed before commit, so the next call
+// with its key executes again, and wakes its waiters with e.err.
+func (t *table[R]) release(e *entry[R]) {
+	sh := t.shard(e.key)
+	sh.mu.Lock()
+	delete(sh.entries, e.key)
+	if t.maxKeys > 0 {
+		t.keys.Add(-1)
+	}
+	if e.done != nil {
+		close(e.done)
+	}
+	sh.mu.Unlock()
+	t.running.Done()
+}
+
+// forget removes key's completed entry. A key in flight is refused with
+// ErrInProgress; an absent key is not an error.
+func (t *table[R]) forget(key string) error {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	switch e := sh.entries[key]; {
+	case sh.closed:
+		return ErrClosed
+	case e == nil:
+		return nil
+	case !e.completed:
+		return ErrInProgress
+	default:
+		t.removeLocked(sh, e)
+		return nil
+	}
+}
+
+// removeLocked drops the completed entry e. The caller holds sh.mu.
+func (t *table[R]) removeLocked(sh *shard[R], e *entry[R]) {
+	sh.expiry.remove(e)
+	delete(sh.entries, e.key)
+	if t.maxKeys > 0 {
+		t.keys.Add(-1)
+	}
+}
+
+// sweep removes the entries expired at now, in batches of at most sweepBatch
+// per hold of a shard's lock, and returns how many it removed. It stops early
+// with stop's error when stop returns one between batches.
+func (t *table[R]) sweep(now time.Time, stop func() error) (int, error) {
+	total := 0
+	for i := range t.shards {
+		for {
+			if err := stop(); err != nil {
+				return total, err
+			}
+			n := t.sweepBatch(&t.shards[i], now)
+			total += n
+			if n < sweepBatch {
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+func (t *table[R]) sweepBatch(sh *shard[R], now time.Time) int {
+	sh.mu.Lock()
+	defer sh.mu.Unlock() // deferred, so a panic mid-batch cannot leave the shard locked
+	if testHookSweepBatch != nil {
+		testHookSweepBatch()
+	}
+	n := 0
+	for e := sh.expiry.head; e != nil && n < sweepBatch && !now.Before(e.expires); e = sh.expiry.head {
+		t.removeLocked(sh, e)
+		n++
+	}
+	return n
+}
+
+// len returns the number of entries held, in flight or completed.
+func (t *table[R]) len() int {
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		n += len(sh.entries)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// close refuses every later claim. After it returns, running only goes down.
+func (t *table[R]) close() {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		sh.closed = true
+		sh.mu.Unlock()
+	}
+}

@@ -1,0 +1,181 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// counter returns an fn that counts its calls and returns the count.
+func counter() (*atomic.Int32, func(context.Context) (int, error)) {
+	var calls atomic.Int32
+	return &calls, func(context.Context) (int, error) { return int(calls.Add(1)), nil }
+}
+
+func TestTTLReplaysUntilExpiry(t *testing.T) {
+	clock := newFakeClock()
+	s := newStore[int](t, Options{TTL: time.Hour, Now: clock.Now, SweepInterval: -1})
+	calls, fn := counter()
+	ctx := context.Background()
+
+	v, err := s.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	require.Equal(t, 1, v)
+
+	clock.Advance(time.Hour - time.Nanosecond)
+	v, err = s.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, 1, v, "replays until the TTL has passed")
+
+	clock.Advance(time.Nanosecond)
+	v, err = s.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, 2, v, "executes again once expired, without waiting for a sweep")
+	assert.Equal(t, int32(2), calls.Load())
+
+	// An expired key takes a new payload too: it is a new operation.
+	clock.Advance(time.Hour)
+	v, err = s.RunOnce(ctx, "k", "another payload", fn)
+	require.NoError(t, err)
+	assert.Equal(t, 3, v)
+}
+
+func TestSweepRemovesExpired(t *testing.T) {
+	clock := newFakeClock()
+	s := newStore[int](t, Options{TTL: time.Minute, Now: clock.Now, SweepInterval: -1})
+	_, fn := counter()
+	ctx := context.Background()
+	const early, late = 1000, 300
+	for i := range early {
+		_, err := s.RunOnce(ctx, fmt.Sprint("early-", i), nil, fn)
+		require.NoError(t, err)
+	}
+	clock.Advance(30 * time.Second)
+	for i := range late {
+		_, err := s.RunOnce(ctx, fmt.Sprint("late-", i), nil, fn)
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Forget(ctx, "late-0")) // forgotten entries leave the expiry order too
+
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "nothing has expired yet")
+
+	clock.Advance(30 * time.Second)
+	n, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, early, n)
+	assert.Equal(t, late-1, s.Len())
+
+	clock.Advance(30 * time.Second)
+	n, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, late-1, n)
+	assert.Equal(t, 0, s.Len())
+}
+
+func TestSweepStopsWithContext(t *testing.T) {
+	clock := newFakeClock()
+	s := newStore[int](t, Options{TTL: time.Minute, Now: clock.Now, SweepInterval: -1})
+	_, fn := counter()
+	for i := range 100 {
+		_, err := s.RunOnce(context.Background(), fmt.Sprint(i), nil, fn)
+		require.NoError(t, err)
+	}
+	clock.Advance(time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := s.Sweep(ctx)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, 100, s.Len())
+}
+
+// A steady stream of new keys, swept as the background sweeper would, keeps
+// memory bounded by arrival rate x (TTL + sweep interval).
+func TestSteadyLoadStaysBounded(t *testing.T) {
+	const (
+		keys     = 50_000
+		every    = time.Millisecond // one new key per millisecond
+		ttl      = time.Second      // so about 1,000 keys live at once
+		interval = 100 * time.Millisecond
+	)
+	clock := newFakeClock()
+	s := newStore[int](t, Options{TTL: ttl, Now: clock.Now, SweepInterval: -1})
+	_, fn := counter()
+	ctx := context.Background()
+	bound := int((ttl + interval) / every)
+	maxLen := 0
+	for i := range keys {
+		_, err := s.RunOnce(ctx, fmt.Sprintf("key-%06d", i), nil, fn)
+		require.NoError(t, err)
+		clock.Advance(every)
+		if i%int(interval/every) == 0 {
+			_, err := s.Sweep(ctx)
+			require.NoError(t, err)
+		}
+		maxLen = max(maxLen, s.Len())
+	}
+	assert.LessOrEqual(t, maxLen, bound)
+	assert.GreaterOrEqual(t, maxLen, int(ttl/every), "entries must be kept for the whole TTL")
+}
+
+// captureHandler is a slog.Handler that sends each record's message to a
+// channel.
+type captureHandler struct{ msgs chan string }
+
+func (h captureHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h captureHandler) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case h.msgs <- r.Message:
+	default:
+	}
+	return nil
+}
+func (h captureHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h captureHandler) WithGroup(string) slog.Handler      { return h }
+
+func TestSweeperSurvivesPanic(t *testing.T) {
+	var batches atomic.Int64
+	testHookSweepBatch = func() {
+		if batches.Add(1) == 1 {
+			panic("sweep bug")
+		}
+	}
+	defer func() { testHookSweepBatch = nil }()
+
+	clock := newFakeClock()
+	reads := make(chan struct{}) // unbuffered: a read is reported only while the test listens
+	logs := captureHandler{msgs: make(chan string, 10)}
+	s := New[int](Options{
+		TTL:           time.Minute,
+		SweepInterval: time.Millisecond,
+		Now: func() time.Time {
+			now := clock.Now()
+			select {
+			case reads <- struct{}{}:
+			default:
+			}
+			return now
+		},
+		Logger: slog.New(logs),
+	})
+	defer s.Close()
+	_, fn := counter()
+	_, err := s.RunOnce(context.Background(), "k", nil, fn)
+	require.NoError(t, err)
+
+	assert.Contains(t, <-logs.msgs, "sweep panicked")
+	clock.Advance(time.Hour)
+	// Each sweep reads the clock once, as it starts. The first read reported
+	// now starts a sweep at the new time; the second proves that one ended.
+	<-reads
+	<-reads
+	assert.Equal(t, 0, s.Len(), "the sweeper stopped after a panic")
+	require.NoError(t, s.Close())
+}

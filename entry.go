@@ -6,10 +6,11 @@ import "time"
 // then either removed (failure before commit) or kept as completed until it
 // expires.
 type entry[R any] struct {
-	key string
-	fp  Fingerprint // of the payload that claimed the key; immutable
+	key   string
+	fp    Fingerprint // of the payload that claimed the key; immutable
+	shard *shard[R]   // holds the entry; immutable, saves hashing the key again
 
-	// Guarded by the owning shard's mu.
+	// Guarded by shard.mu.
 	completed  bool          // the outcome is final and replays until expires
 	expires    time.Time     // set when completed
 	prev, next *entry[R]     // the shard's expiry list, completed entries only

@@ -92,7 +92,7 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone boo
 		t.keys.Add(-1)
 		return nil, 0, ErrFull
 	}
-	e := &entry[R]{key: key, fp: fp}
+	e := &entry[R]{key: key, fp: fp, shard: sh}
 	if wantDone {
 		e.done = make(chan struct{})
 	}
@@ -104,7 +104,7 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone boo
 // complete records e's outcome, already written to e.val and e.err, as final
 // until expires, and wakes its waiters.
 func (t *table[R]) complete(e *entry[R], expires time.Time) {
-	sh := t.shard(e.key)
+	sh := e.shard
 	sh.mu.Lock()
 	e.completed, e.expires = true, expires
 	sh.expiry.pushBack(e)
@@ -118,7 +118,7 @@ func (t *table[R]) complete(e *entry[R], expires time.Time) {
 // release removes e, whose execution failed before commit, so the next call
 // with its key executes again, and wakes its waiters with e.err.
 func (t *table[R]) release(e *entry[R]) {
-	sh := t.shard(e.key)
+	sh := e.shard
 	sh.mu.Lock()
 	delete(sh.entries, e.key)
 	if t.maxKeys > 0 {

@@ -1,0 +1,61 @@
+package bench
+
+import (
+	"crypto/sha256"
+	"errors"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+)
+
+// mutexMap is the simplest correct in-process idempotency table: one mutex,
+// one map that keeps every outcome, no coalescing of waiters, no expiry, no
+// panic safety. It is what idem's core must not be much slower than.
+type mutexMap struct {
+	mu sync.Mutex
+	m  map[string]*mutexMapEntry
+}
+
+type mutexMapEntry struct {
+	fp      [sha256.Size]byte
+	val     receipt
+	expires time.Time
+}
+
+var errMismatch = errors.New("mismatch")
+
+func newMutexMap() *mutexMap { return &mutexMap{m: make(map[string]*mutexMapEntry)} }
+
+// do claims key, runs fn, stores and keeps its result; a known key is looked
+// up, its fingerprint compared and its expiry checked against the clock.
+func (mm *mutexMap) do(key string, payload []byte, fn func() (receipt, error)) (receipt, error) {
+	fp := sha256.Sum256(payload)
+	mm.mu.Lock()
+	if e, ok := mm.m[key]; ok {
+		mm.mu.Unlock()
+		if e.fp != fp {
+			return receipt{}, errMismatch
+		}
+		if time.Now().After(e.expires) {
+			return receipt{}, errMismatch
+		}
+		return e.val, nil
+	}
+	e := &mutexMapEntry{fp: fp}
+	mm.m[key] = e
+	mm.mu.Unlock()
+	v, err := fn()
+	mm.mu.Lock()
+	e.val, e.expires = v, time.Now().Add(24*time.Hour)
+	mm.mu.Unlock()
+	return v, err
+}
+
+// singleflightDo is singleflight.Group.Do with the payload's SHA-256, the
+// least work that coalesces concurrent duplicates. It keeps nothing.
+func singleflightDo(g *singleflight.Group, key string, payload []byte, fn func() (any, error)) (any, error) {
+	_ = sha256.Sum256(payload)
+	v, err, _ := g.Do(key, fn)
+	return v, err
+}

@@ -14,9 +14,9 @@ type entry[R any] struct {
 	completed  bool          // the outcome is final and replays until expires
 	expires    time.Time     // set when completed
 	prev, next *entry[R]     // the shard's expiry list, completed entries only
-	done       chan struct{} // closed once the outcome is set; made on demand by the first caller that waits, nil if none ever did
+	done       chan struct{} // closed once the outcome is set; made on demand by the first caller that waits, nil if none ever did; set once under mu, so a claim may hand it to a waiter that reads it unlocked
 
-	// Written once by the execution before completed is set or done is
+	// Written only by the execution, before completed is set or done is
 	// closed; read only after observing either.
 	val R
 	err error

@@ -78,8 +78,10 @@ type PanicError struct {
 	Stack []byte // the panicking goroutine's stack, from runtime/debug.Stack
 }
 
+// Error reports the panic value. The stack stays in the Stack field, so an
+// error message shown to a client never carries it.
 func (e *PanicError) Error() string {
-	return fmt.Sprintf("idem: fn panicked: %v\n\n%s", e.Value, e.Stack)
+	return fmt.Sprintf("idem: fn panicked: %v", e.Value)
 }
 
 // Unwrap returns the panic value when it is an error, so that, for example,

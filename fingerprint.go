@@ -15,8 +15,8 @@ type Fingerprint [sha256.Size]byte
 // Options.Fingerprint says otherwise: the SHA-256 of the payload, with a
 // []byte or string hashed as it is and any other value hashed as its JSON
 // encoding. A value that encoding/json cannot encode, such as a channel, is an
-// error.
-func DefaultFingerprint(payload any) (Fingerprint, error) {
+// error, and so is a panic in the value's MarshalJSON.
+func DefaultFingerprint(payload any) (fp Fingerprint, err error) {
 	switch p := payload.(type) {
 	case []byte:
 		return sha256.Sum256(p), nil
@@ -25,6 +25,11 @@ func DefaultFingerprint(payload any) (Fingerprint, error) {
 		// copy would cost an allocation on every replay.
 		return sha256.Sum256(unsafe.Slice(unsafe.StringData(p), len(p))), nil
 	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("idem: payload's JSON encoding panicked: %v", v)
+		}
+	}()
 	b, err := json.Marshal(payload)
 	if err != nil {
 		return Fingerprint{}, fmt.Errorf("idem: payload has no JSON encoding to fingerprint: %w", err)

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -94,6 +95,35 @@ func TestMaxKeys(t *testing.T) {
 	clock.Advance(time.Minute)
 	_, err = s.RunOnce(ctx, "c", nil, fn)
 	require.NoError(t, err)
+}
+
+// Keys released by a failing fn give their slots back.
+func TestMaxKeysAfterFailures(t *testing.T) {
+	s := newStore[int](t, Options{MaxKeys: 2})
+	failing := func(context.Context) (int, error) { return 0, errors.New("transient") }
+	for i := range 10 {
+		_, err := s.RunOnce(context.Background(), fmt.Sprint("fail-", i), nil, failing)
+		require.ErrorContains(t, err, "transient")
+	}
+	_, fn := counter()
+	for _, k := range []string{"a", "b"} {
+		_, err := s.RunOnce(context.Background(), k, nil, fn)
+		require.NoError(t, err, "a released key kept its slot")
+	}
+	_, err := s.RunOnce(context.Background(), "c", nil, fn)
+	assert.ErrorIs(t, err, ErrFull)
+}
+
+type panickyJSON struct{}
+
+func (panickyJSON) MarshalJSON() ([]byte, error) { panic("bad encoder") }
+
+func TestPanickingPayloadEncoderIsAnError(t *testing.T) {
+	s := newStore[int](t, Options{})
+	_, fn := counter()
+	_, err := s.RunOnce(context.Background(), "k", panickyJSON{}, fn)
+	assert.ErrorContains(t, err, "bad encoder")
+	assert.Equal(t, 0, s.Len())
 }
 
 // Many goroutines claiming distinct keys at once never take the store past

@@ -9,8 +9,9 @@ import (
 )
 
 // A Store runs each keyed operation at most once and remembers its outcome.
-// Create one with New; it is safe for use by many goroutines. Close it to
-// stop its sweeper and wait for executions in flight.
+// Create one with New (the zero Store is not usable); it is safe for use by
+// many goroutines. Close it to stop its sweeper and wait for executions in
+// flight.
 type Store[R any] struct {
 	opts   Options // with defaults applied; read-only after New
 	table  *table[R]
@@ -58,6 +59,9 @@ func New[R any](opts Options) *Store[R] {
 // waits under its own ctx: if ctx ends first, RunOnce returns an error that
 // matches both ErrInProgress and ctx.Err(), and the execution goes on for the
 // others. A ctx that is already done claims nothing.
+//
+// fn must not call RunOnce with its own key (it would wait for itself until
+// ExecutionTimeout, like relocking a sync.Mutex) nor Close the store.
 func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func(context.Context) (R, error)) (R, error) {
 	var zero R
 	switch {
@@ -138,28 +142,33 @@ func (s *Store[R]) execute(ctx context.Context, e *entry[R], fn func(context.Con
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
-	// Deferred so that the key is settled even if fn calls runtime.Goexit,
-	// which unwinds this goroutine without returning.
+	// What waiters get if fn calls runtime.Goexit, which unwinds this
+	// goroutine past the assignment below; the deferred settle still runs.
 	e.err = errGoexit
+	returned := false
 	defer func() {
-		if e.err == nil || IsFinal(e.err) {
+		if returned && (e.err == nil || IsFinal(e.err)) {
 			s.table.complete(e, s.opts.Now().Add(s.opts.TTL))
 		} else {
 			s.table.release(e)
 		}
 	}()
-	e.val, e.err = call(ctx, fn)
+	e.val, e.err, returned = call(ctx, fn)
 }
 
-// call runs fn, turning a panic into a *PanicError.
-func call[R any](ctx context.Context, fn func(context.Context) (R, error)) (val R, err error) {
+// call runs fn. If fn panics, call returns its panic as a *PanicError and
+// returned false, whatever the panic value (even an error marked Final, or
+// nil under GODEBUG=panicnil=1).
+func call[R any](ctx context.Context, fn func(context.Context) (R, error)) (val R, err error, returned bool) {
 	defer func() {
-		if v := recover(); v != nil {
+		if !returned {
+			v := recover()
 			var zero R
 			val, err = zero, &PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return fn(ctx)
+	val, err = fn(ctx)
+	return val, err, true
 }
 
 // Forget drops key's remembered outcome, so the next call with the key runs
@@ -200,7 +209,8 @@ func (s *Store[R]) Len() int { return s.table.len() }
 // executions in flight to finish and be recorded; Options.ExecutionTimeout
 // bounds that wait for an fn that honours its context. Callers waiting on
 // those executions still get their outcomes. Close is idempotent: later calls
-// return nil at once, or once the first has finished.
+// return nil at once, or once the first has finished. Calling Close from
+// inside fn deadlocks, since Close waits for fn.
 func (s *Store[R]) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)

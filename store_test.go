@@ -36,41 +36,59 @@ func TestLostReplyRunsOnce(t *testing.T) {
 }
 
 func TestConcurrentDuplicatesCoalesce(t *testing.T) {
-	const callers = 1000
-	s := newStore[receipt](t, Options{})
-	parked := waitersParked(t, callers-1)
-	var calls atomic.Int32
-	charge := func(context.Context) (receipt, error) {
-		n := calls.Add(1)
-		<-parked // hold the execution until every duplicate is waiting on it
-		return receipt{Charge: int(n), Amount: 450}, nil
-	}
+	for _, tc := range []struct {
+		name     string
+		detached bool // every caller's ctx can end, so fn runs on its own goroutine
+	}{
+		{"inline", false},
+		{"detached", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const callers = 1000
+			s := newStore[receipt](t, Options{})
+			waits := callers - 1 // an inline owner does not wait; a detached one does
+			ctx := context.Background()
+			if tc.detached {
+				waits++
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer cancel()
+			}
+			parked := waitersParked(t, waits)
+			var calls atomic.Int32
+			charge := func(context.Context) (receipt, error) {
+				n := calls.Add(1)
+				<-parked // hold the execution until every duplicate is waiting on it
+				return receipt{Charge: int(n), Amount: 450}, nil
+			}
 
-	start := make(chan struct{})
-	results := make([]outcome[receipt], callers)
-	var wg sync.WaitGroup
-	for i := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			v, err := s.RunOnce(context.Background(), "tap", "order-101", charge)
-			results[i] = outcome[receipt]{v, err}
-		}()
-	}
-	close(start)
-	wg.Wait()
+			start := make(chan struct{})
+			results := make([]outcome[receipt], callers)
+			var wg sync.WaitGroup
+			for i := range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					v, err := s.RunOnce(ctx, "tap", "order-101", charge)
+					results[i] = outcome[receipt]{v, err}
+				}()
+			}
+			close(start)
+			wg.Wait()
 
-	assert.Equal(t, int32(1), calls.Load(), "fn must run exactly once")
-	for i, r := range results {
-		require.NoError(t, r.err, "caller %d", i)
-		require.Equal(t, receipt{Charge: 1, Amount: 450}, r.val, "caller %d", i)
+			assert.Equal(t, int32(1), calls.Load(), "fn must run exactly once")
+			for i, r := range results {
+				require.NoError(t, r.err, "caller %d", i)
+				require.Equal(t, receipt{Charge: 1, Amount: 450}, r.val, "caller %d", i)
+			}
+		})
 	}
 }
 
 func TestCancelledWaiterLeavesExecutionRunning(t *testing.T) {
 	s := newStore[int](t, Options{})
-	parked := waitersParked(t, 2) // the cancelled waiter and one that stays
+	parked := waitersParked(t, 3) // the owner, the cancelled waiter and one that stays
 	started, release := make(chan struct{}), make(chan struct{})
 	fnCtxErr := make(chan error, 1)
 	fn := func(ctx context.Context) (int, error) {
@@ -80,7 +98,11 @@ func TestCancelledWaiterLeavesExecutionRunning(t *testing.T) {
 		return 42, nil
 	}
 
-	owner := runAsync(context.Background(), s, "k", "p", fn)
+	// The owner's ctx can end too, so fn runs detached and could be hit by
+	// a cancellation that leaked through.
+	ownerCtx, cancelOwner := context.WithCancel(context.Background())
+	defer cancelOwner()
+	owner := runAsync(ownerCtx, s, "k", "p", fn)
 	<-started
 	leaver, cancel := context.WithCancel(context.Background())
 	left := runAsync(leaver, s, "k", "p", fn)
@@ -234,6 +256,17 @@ func TestPanicReachesEveryWaiter(t *testing.T) {
 			assert.Equal(t, 1, v)
 		})
 	}
+}
+
+func TestPanicWithFinalErrorIsNotRemembered(t *testing.T) {
+	s := newStore[int](t, Options{})
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) {
+		panic(Final(errors.New("declined")))
+	})
+	var pe *PanicError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, 0, s.Len(), "a panic releases the key, whatever its value")
+	assert.NotContains(t, err.Error(), "goroutine", "the stack belongs in the Stack field, not the message")
 }
 
 func TestGoexitInFnReleasesKey(t *testing.T) {

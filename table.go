@@ -88,8 +88,7 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone boo
 			return e, claimWait, nil
 		}
 	}
-	if t.maxKeys > 0 && t.keys.Add(1) > t.maxKeys {
-		t.keys.Add(-1)
+	if t.maxKeys > 0 && !t.reserve() {
 		return nil, 0, ErrFull
 	}
 	e := &entry[R]{key: key, fp: fp, shard: sh}
@@ -101,11 +100,34 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone boo
 	return e, claimOwner, nil
 }
 
+// reserve counts one more key unless that would pass maxKeys. It never
+// overshoots, even for a moment, so a concurrent claim is never refused
+// while a slot is free.
+func (t *table[R]) reserve() bool {
+	for {
+		n := t.keys.Load()
+		if n >= t.maxKeys {
+			return false
+		}
+		if t.keys.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
 // complete records e's outcome, already written to e.val and e.err, as final
 // until expires, and wakes its waiters.
+//
+// The expiry list must stay in expiry order, but two executions may read the
+// clock in one order and reach the lock in the other. So an entry never
+// expires before the one completed ahead of it: at worst it outlives its TTL
+// by the gap between the two clock reads.
 func (t *table[R]) complete(e *entry[R], expires time.Time) {
 	sh := e.shard
 	sh.mu.Lock()
+	if last := sh.expiry.tail; last != nil && expires.Before(last.expires) {
+		expires = last.expires
+	}
 	e.completed, e.expires = true, expires
 	sh.expiry.pushBack(e)
 	if e.done != nil {

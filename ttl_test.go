@@ -51,7 +51,7 @@ func TestSweepRemovesExpired(t *testing.T) {
 	s := newStore[int](t, Options{TTL: time.Minute, Now: clock.Now, SweepInterval: -1})
 	_, fn := counter()
 	ctx := context.Background()
-	const early, late = 1000, 300
+	const early, late = 20_000, 300 // hundreds per shard: several sweep batches
 	for i := range early {
 		_, err := s.RunOnce(ctx, fmt.Sprint("early-", i), nil, fn)
 		require.NoError(t, err)
@@ -150,7 +150,7 @@ func TestSweeperSurvivesPanic(t *testing.T) {
 	defer func() { testHookSweepBatch = nil }()
 
 	clock := newFakeClock()
-	reads := make(chan struct{}) // unbuffered: a read is reported only while the test listens
+	reads := make(chan time.Time) // unbuffered: a read is reported only while the test listens
 	logs := captureHandler{msgs: make(chan string, 10)}
 	s := New[int](Options{
 		TTL:           time.Minute,
@@ -158,7 +158,7 @@ func TestSweeperSurvivesPanic(t *testing.T) {
 		Now: func() time.Time {
 			now := clock.Now()
 			select {
-			case reads <- struct{}{}:
+			case reads <- now:
 			default:
 			}
 			return now
@@ -172,10 +172,41 @@ func TestSweeperSurvivesPanic(t *testing.T) {
 
 	assert.Contains(t, <-logs.msgs, "sweep panicked")
 	clock.Advance(time.Hour)
-	// Each sweep reads the clock once, as it starts. The first read reported
-	// now starts a sweep at the new time; the second proves that one ended.
-	<-reads
+	expired := clock.Now()
+	// Each sweep reads the clock once, as it starts. Wait for a sweep that
+	// read the new time, then for the next read, which proves it ended.
+	for now := range reads {
+		if !now.Before(expired) {
+			break
+		}
+	}
 	<-reads
 	assert.Equal(t, 0, s.Len(), "the sweeper stopped after a panic")
 	require.NoError(t, s.Close())
+}
+
+// Two executions may read the clock in one order and record their outcomes in
+// the other; the expiry list must stay in expiry order all the same, or a
+// sweep would stop at a live head with expired entries behind it.
+func TestExpiryOrderSurvivesOutOfOrderCompletion(t *testing.T) {
+	tb := newTable[int](0)
+	now := newFakeClock().Now()
+	// Two keys on one shard.
+	a := "a"
+	b := ""
+	for i := 0; b == ""; i++ {
+		if k := fmt.Sprint("b", i); tb.shard(k) == tb.shard(a) {
+			b = k
+		}
+	}
+	ea, _, err := tb.claim(a, Fingerprint{}, now, false)
+	require.NoError(t, err)
+	eb, _, err := tb.claim(b, Fingerprint{}, now, false)
+	require.NoError(t, err)
+	tb.complete(eb, now.Add(2*time.Second)) // b read the clock later but recorded first
+	tb.complete(ea, now.Add(time.Second))
+
+	n, err := tb.sweep(now.Add(2*time.Second), noStop)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "an entry sorted behind a live one was left unswept")
 }

@@ -23,24 +23,32 @@ type mutexMapEntry struct {
 	expires time.Time
 }
 
-var errMismatch = errors.New("mismatch")
+var (
+	errMismatch = errors.New("mismatch")
+	errInFlight = errors.New("in flight")
+	errExpired  = errors.New("expired")
+)
 
 func newMutexMap() *mutexMap { return &mutexMap{m: make(map[string]*mutexMapEntry)} }
 
 // do claims key, runs fn, stores and keeps its result; a known key is looked
-// up, its fingerprint compared and its expiry checked against the clock.
+// up, its fingerprint compared and its expiry checked against the clock. A
+// key still in flight is refused: the baseline does not coalesce.
 func (mm *mutexMap) do(key string, payload []byte, fn func() (receipt, error)) (receipt, error) {
 	fp := sha256.Sum256(payload)
 	mm.mu.Lock()
 	if e, ok := mm.m[key]; ok {
+		known := *e
 		mm.mu.Unlock()
-		if e.fp != fp {
+		switch {
+		case known.fp != fp:
 			return receipt{}, errMismatch
+		case known.expires.IsZero():
+			return receipt{}, errInFlight
+		case time.Now().After(known.expires):
+			return receipt{}, errExpired
 		}
-		if time.Now().After(e.expires) {
-			return receipt{}, errMismatch
-		}
-		return e.val, nil
+		return known.val, nil
 	}
 	e := &mutexMapEntry{fp: fp}
 	mm.m[key] = e

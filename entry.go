@@ -11,10 +11,15 @@ type entry[R any] struct {
 	shard *shard[R]   // holds the entry; immutable, saves hashing the key again
 
 	// Guarded by shard.mu.
-	completed  bool          // the outcome is final and replays until expires
-	expires    time.Time     // set when completed
-	prev, next *entry[R]     // the shard's expiry list, completed entries only
-	done       chan struct{} // closed once the outcome is set; made on demand by the first caller that waits, nil if none ever did; set once under mu, so a claim may hand it to a waiter that reads it unlocked
+	completed  bool      // the outcome is final and replays until expires
+	expires    time.Time // set when completed
+	prev, next *entry[R] // the shard's expiry list, completed entries only
+
+	// done is closed once the outcome is set. The first caller that needs to
+	// wait makes it, under shard.mu, and it is never replaced, so a claim can
+	// hand it to a waiter that then reads it unlocked. Nil while nobody waits:
+	// most executions never pay for a channel.
+	done chan struct{}
 
 	// Written only by the execution, before completed is set or done is
 	// closed; read only after observing either.

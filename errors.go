@@ -90,3 +90,18 @@ func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
 	return err
 }
+
+// NotRecordedError is returned, together with fn's result, when fn finished
+// with a final outcome but the Backend could not record it. The key stays
+// claimed rather than released, since the operation took effect: this
+// process replays the outcome from memory, and after a restart the key is
+// interrupted (ErrOutcomeUnknown) until an operator reconciles it.
+type NotRecordedError struct {
+	Err error // why recording failed
+}
+
+func (e *NotRecordedError) Error() string {
+	return "idem: the operation finished but its outcome was not recorded; the key stays claimed: " + e.Err.Error()
+}
+
+func (e *NotRecordedError) Unwrap() error { return e.Err }

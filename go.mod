@@ -1,6 +1,6 @@
 module github.com/seed094d4201/idem
 
-go 1.22
+go 1.23
 
 require (
 	github.com/stretchr/testify v1.12.1
@@ -8,6 +8,8 @@ require (
 )
 
 require (
+	go.etcd.io/bbolt v1.4.3 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.11.0 // indirect
+	golang.org/x/sys v0.29.0 // indirect
 )

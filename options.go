@@ -22,7 +22,8 @@ type Options struct {
 	// Store.Sweep yourself).
 	SweepInterval time.Duration
 
-	// MaxKeys bounds the keys held in memory, in flight or remembered. When
+	// MaxKeys bounds the keys held in memory, in flight or remembered (with a
+	// Backend, in flight only). When
 	// it is reached, a new key gets ErrFull while known keys still replay;
 	// no live key is evicted. Zero or negative means unbounded.
 	MaxKeys int
@@ -42,6 +43,22 @@ type Options struct {
 	// fingerprints for payloads that mean the same request. Nil means
 	// DefaultFingerprint.
 	Fingerprint func(payload any) (Fingerprint, error)
+
+	// Backend keeps records durably: across restarts (bolt) or across
+	// processes and machines (postgres, redis). With one, memory holds only
+	// the keys in flight in this process, and every remembered outcome lives
+	// in the backend. The Store does not close it. Nil means memory only.
+	Backend Backend
+
+	// Codec turns results into bytes for the Backend. Nil means JSONCodec.
+	Codec Codec
+
+	// RetryInterrupted makes the store treat an interrupted key (claimed by
+	// an owner that stopped before recording an outcome) as failed before
+	// commit, and run fn again. Only for operations that are safe to repeat
+	// or that check for their own earlier effect. False means such a key
+	// returns ErrOutcomeUnknown until Forget clears it.
+	RetryInterrupted bool
 
 	// Logger receives what the store cannot return to a caller, such as a
 	// panic recovered inside the background sweeper. Nil means slog.Default().
@@ -72,6 +89,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Fingerprint == nil {
 		o.Fingerprint = DefaultFingerprint
+	}
+	if o.Codec == nil {
+		o.Codec = JSONCodec{}
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -143,18 +143,28 @@ func (s *Store[R]) execute(ctx context.Context, e *entry[R], fn func(context.Con
 		defer cancel()
 	}
 	// What waiters get if fn calls runtime.Goexit, which unwinds this
-	// goroutine past the assignment below; the deferred settle still runs.
+	// goroutine past the assignments below; the deferred settle still runs.
 	e.err = errGoexit
-	returned := false
+	keep := false // memory keeps the outcome and replays it
 	defer func() {
-		if returned && (e.err == nil || IsFinal(e.err)) {
+		if keep {
 			s.table.complete(e, s.opts.Now().Add(s.opts.TTL))
 		} else {
 			s.table.release(e)
 		}
 	}()
+	if s.opts.Backend != nil {
+		e.val, e.err, keep = s.executeDurable(ctx, e.key, e.fp, fn)
+		return
+	}
+	var returned bool
 	e.val, e.err, returned = call(ctx, fn)
+	keep = returned && isFinalOutcome(e.err)
 }
+
+// isFinalOutcome reports whether fn's error, from a normal return, ends the
+// operation for good: nil or marked Final.
+func isFinalOutcome(err error) bool { return err == nil || IsFinal(err) }
 
 // call runs fn. If fn panics, call returns its panic as a *PanicError and
 // returned false, whatever the panic value (even an error marked Final, or
@@ -171,8 +181,9 @@ func call[R any](ctx context.Context, fn func(context.Context) (R, error)) (val 
 	return val, err, true
 }
 
-// Forget drops key's remembered outcome, so the next call with the key runs
-// fn again. It is the operator's reconciliation of a key: a key in flight is
+// Forget drops key's remembered outcome, in memory and in the Backend, so the
+// next call with the key runs fn again. It is the operator's reconciliation
+// of a key, and the only way to clear an interrupted one. A key in flight is
 // refused with ErrInProgress; a key not held is not an error.
 func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	if ctx == nil {
@@ -184,13 +195,20 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	if err := CheckKey(key); err != nil {
 		return err
 	}
-	return s.table.forget(key)
+	if err := s.table.forget(key); err != nil || s.opts.Backend == nil {
+		return err
+	}
+	if err := s.opts.Backend.Forget(ctx, key); err != nil {
+		return fmt.Errorf("idem: forgetting key in backend: %w", err)
+	}
+	return nil
 }
 
-// Sweep removes the outcomes that have expired and returns how many it
-// removed. The background sweeper calls it every Options.SweepInterval; call
-// it yourself when that is negative. Sweep holds a lock only for a bounded
-// batch at a time and stops early, with ctx's error, if ctx ends.
+// Sweep removes the outcomes that have expired, from memory and from the
+// Backend, and returns how many it removed. The background sweeper calls it
+// every Options.SweepInterval; call it yourself when that is negative. Sweep
+// holds a lock only for a bounded batch at a time and stops early, with
+// ctx's error, if ctx ends.
 func (s *Store[R]) Sweep(ctx context.Context) (int, error) {
 	if ctx == nil {
 		return 0, errNilContext
@@ -198,7 +216,34 @@ func (s *Store[R]) Sweep(ctx context.Context) (int, error) {
 	if s.closed.Load() {
 		return 0, ErrClosed
 	}
-	return s.table.sweep(s.opts.Now(), ctx.Err)
+	return s.sweep(ctx, ctx.Err)
+}
+
+// backendSweepBatch bounds the records one Backend.Sweep call deletes, so no
+// write transaction runs long.
+const backendSweepBatch = 1000
+
+// sweep removes expired outcomes from memory, then from the backend in
+// batches, until none are left or stop returns an error.
+func (s *Store[R]) sweep(ctx context.Context, stop func() error) (int, error) {
+	now := s.opts.Now()
+	n, err := s.table.sweep(now, stop)
+	if err != nil || s.opts.Backend == nil {
+		return n, err
+	}
+	for {
+		if err := stop(); err != nil {
+			return n, err
+		}
+		m, err := s.opts.Backend.Sweep(ctx, now, backendSweepBatch)
+		n += m
+		if err != nil {
+			return n, fmt.Errorf("idem: sweeping backend: %w", err)
+		}
+		if m < backendSweepBatch {
+			return n, nil
+		}
+	}
 }
 
 // Len returns the number of keys held in memory, in flight or remembered,
@@ -207,7 +252,8 @@ func (s *Store[R]) Len() int { return s.table.len() }
 
 // Close stops the sweeper, refuses later calls with ErrClosed, and waits for
 // executions in flight to finish and be recorded; Options.ExecutionTimeout
-// bounds that wait for an fn that honours its context. Callers waiting on
+// bounds that wait for an fn that honours its context. Close does not close
+// Options.Backend, which the caller opened. Callers waiting on
 // those executions still get their outcomes. Close is idempotent: later calls
 // return nil at once, or once the first has finished. Calling Close from
 // inside fn deadlocks, since Close waits for fn.

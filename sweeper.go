@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"errors"
 	"runtime/debug"
 	"time"
@@ -34,7 +35,9 @@ func (s *Store[R]) sweepOnce() {
 				"panic", v, "stack", string(debug.Stack()))
 		}
 	}()
-	s.table.sweep(s.opts.Now(), s.stopped)
+	if _, err := s.sweep(context.Background(), s.stopped); err != nil && err != errStopped {
+		s.opts.Logger.Error("idem: sweep failed; sweeping goes on at the next interval", "err", err)
+	}
 }
 
 // stopped returns errStopped once Close has begun, so a long sweep does not

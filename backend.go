@@ -1,0 +1,103 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotOwner is returned by Backend.Complete and Backend.Release when the
+// key's record no longer belongs to the token presented: it is gone,
+// completed, or claimed again by another owner. A stale owner can therefore
+// never overwrite a newer claim.
+var ErrNotOwner = errors.New("idem: the claim is not held by this token")
+
+// RecordState is where a key's durable record stands.
+type RecordState uint8
+
+const (
+	// StatePending: the key is claimed and its owner has not yet recorded
+	// an outcome.
+	StatePending RecordState = iota + 1
+	// StateCompleted: a final outcome is recorded until ExpiresAt.
+	StateCompleted
+	// StateInterrupted: the key was claimed by an owner that stopped before
+	// recording an outcome, so the operation may or may not have taken
+	// effect. It stays until forgotten; it never expires on its own.
+	StateInterrupted
+)
+
+func (s RecordState) String() string {
+	switch s {
+	case StatePending:
+		return "pending"
+	case StateCompleted:
+		return "completed"
+	case StateInterrupted:
+		return "interrupted"
+	}
+	return "invalid"
+}
+
+// A Record is one key's durable state, in bytes.
+type Record struct {
+	Key         string
+	Fingerprint Fingerprint // of the payload that claimed the key
+	Token       string      // the claim's ownership token, random per claim
+	State       RecordState
+	CreatedAt   time.Time // when the key was claimed
+	ExpiresAt   time.Time // completed records: when the outcome may be forgotten; zero otherwise
+
+	// Completed records only: the result encoded by the Store's Codec, and,
+	// for an outcome that is a final error, that error's message.
+	Value  []byte
+	Failed bool
+	ErrMsg string
+}
+
+// A Backend keeps records durably, so that what a Store promised outlives
+// its process and, for a shared backend, is seen by every process. A nil
+// Options.Backend keeps everything in memory.
+//
+// Every method must be safe for concurrent use by many goroutines (and, for
+// a backend shared between processes, by many processes), and atomic: no
+// caller ever observes half of one call. When a method that writes returns
+// nil, its write is durable: it survives a crash of the process and, as far
+// as the storage engine promises, of the machine.
+//
+// A Backend never interprets Value, Fingerprint or Token; it stores and
+// returns them byte for byte. It compares tokens and states only as each
+// method below says.
+type Backend interface {
+	// Claim stores rec, whose State is StatePending, if rec.Key has no
+	// record or its record is completed and expired at now, and reports
+	// true. Otherwise it stores nothing and returns the existing record and
+	// false. The test and the write are one atomic step: of any number of
+	// concurrent claims of a key, exactly one wins.
+	Claim(ctx context.Context, rec Record, now time.Time) (Record, bool, error)
+
+	// Complete replaces the record of rec.Key with rec, whose State is
+	// StateCompleted, if that record is pending or interrupted and its Token
+	// equals rec.Token. Otherwise it changes nothing and returns an error
+	// matching ErrNotOwner.
+	Complete(ctx context.Context, rec Record) error
+
+	// Release deletes key's record if it is pending or interrupted and its
+	// Token equals token, so the key may be claimed afresh. Otherwise it
+	// changes nothing and returns an error matching ErrNotOwner.
+	Release(ctx context.Context, key, token string) error
+
+	// Get returns key's record, and false if there is none. An expired
+	// record may still be returned until it is swept.
+	Get(ctx context.Context, key string) (Record, bool, error)
+
+	// Forget deletes key's record, completed or interrupted: the operator's
+	// reconciliation. A pending record is refused with an error matching
+	// ErrInProgress. An absent key is not an error.
+	Forget(ctx context.Context, key string) error
+
+	// Sweep deletes at most limit completed records that expired at now,
+	// oldest expiry first, and returns how many it deleted. Pending and
+	// interrupted records are never swept.
+	Sweep(ctx context.Context, now time.Time, limit int) (int, error)
+}

@@ -1,0 +1,253 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type order struct {
+	ID     int
+	Amount int
+}
+
+// durableStore returns a store over b that is closed when the test ends.
+func durableStore(t *testing.T, b idem.Backend, opts idem.Options) *idem.Store[order] {
+	t.Helper()
+	opts.Backend = b
+	s := idem.New[order](opts)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func countingFn(v order) (*atomic.Int32, func(context.Context) (order, error)) {
+	var calls atomic.Int32
+	return &calls, func(context.Context) (order, error) {
+		calls.Add(1)
+		return v, nil
+	}
+}
+
+func TestBackendOutcomeOutlivesStore(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	calls, fn := countingFn(order{101, 450})
+	ctx := context.Background()
+
+	first := durableStore(t, b, idem.Options{})
+	v, err := first.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, 0, first.Len(), "with a backend, memory holds only keys in flight")
+	require.NoError(t, first.Close())
+
+	second := durableStore(t, b, idem.Options{})
+	replay, err := second.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, v, replay)
+	assert.Equal(t, int32(1), calls.Load())
+
+	_, err = second.RunOnce(ctx, "k", "other payload", fn)
+	assert.ErrorIs(t, err, idem.ErrPayloadMismatch)
+}
+
+func TestBackendFinalErrorOutlivesStore(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	ctx := context.Background()
+	first := durableStore(t, b, idem.Options{})
+	_, err := first.RunOnce(ctx, "k", "p", func(context.Context) (order, error) {
+		return order{}, idem.Final(errors.New("card declined"))
+	})
+	require.True(t, idem.IsFinal(err))
+	require.NoError(t, first.Close())
+
+	second := durableStore(t, b, idem.Options{})
+	calls, fn := countingFn(order{})
+	_, err = second.RunOnce(ctx, "k", "p", fn)
+	require.Error(t, err)
+	assert.Equal(t, "card declined", err.Error())
+	assert.True(t, idem.IsFinal(err))
+	assert.Zero(t, calls.Load())
+}
+
+func TestBackendTransientErrorReleasesRecord(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	s := durableStore(t, b, idem.Options{})
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) {
+		return order{}, errors.New("bank unreachable")
+	})
+	require.Error(t, err)
+	assert.Zero(t, b.Len(), "a failure before commit must release the durable claim")
+}
+
+func TestBackendCoalescesToOneClaim(t *testing.T) {
+	var inFlight atomic.Bool
+	var claimsInFlight atomic.Int32
+	b := idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: func(op string) error {
+		if op == "Claim" && inFlight.Load() {
+			claimsInFlight.Add(1)
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{})
+	const callers = 100
+	arrived := make(chan struct{}, callers)
+	var calls atomic.Int32
+	fn := func(context.Context) (order, error) {
+		inFlight.Store(true)
+		defer inFlight.Store(false)
+		calls.Add(1)
+		for range callers { // hold the execution until every caller has set off
+			<-arrived
+		}
+		return order{1, 1}, nil
+	}
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			arrived <- struct{}{}
+			_, err := s.RunOnce(context.Background(), "k", "p", fn)
+			assert.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, int32(1), calls.Load())
+	assert.Zero(t, claimsInFlight.Load(), "duplicates in this process must wait in memory, not claim in the backend")
+}
+
+func TestInterruptedKeyIsNotRunAgain(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	ctx := context.Background()
+	crashed := durableStore(t, b, idem.Options{})
+	started, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _ = crashed.RunOnce(ctx, "k", "p", func(context.Context) (order, error) {
+			close(started)
+			<-release
+			return order{1, 1}, nil
+		})
+	}()
+	<-started
+	b.Crash() // the process dies while fn runs
+
+	s := durableStore(t, b, idem.Options{})
+	calls, fn := countingFn(order{2, 2})
+	_, err := s.RunOnce(ctx, "k", "p", fn)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Zero(t, calls.Load(), "an interrupted key must not run again on its own")
+	_, err = s.RunOnce(ctx, "k", "other", fn)
+	assert.ErrorIs(t, err, idem.ErrPayloadMismatch)
+
+	require.NoError(t, s.Forget(ctx, "k"))
+	v, err := s.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{2, 2}, v)
+
+	// The dead owner comes back late: its token no longer holds the key, so
+	// it cannot overwrite the new outcome.
+	close(release)
+	require.NoError(t, crashed.Close())
+	v, err = s.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{2, 2}, v)
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+func TestRetryInterruptedRunsAgain(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	ctx := context.Background()
+	_, _, err := b.Claim(ctx, idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead-owner", State: idem.StatePending, CreatedAt: time.Now()}, time.Now())
+	require.NoError(t, err)
+	b.Crash()
+
+	s := durableStore(t, b, idem.Options{RetryInterrupted: true})
+	calls, fn := countingFn(order{3, 3})
+	v, err := s.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{3, 3}, v)
+	assert.Equal(t, int32(1), calls.Load())
+	rec, _, err := b.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateCompleted, rec.State)
+}
+
+func mustFingerprint(t *testing.T, payload any) idem.Fingerprint {
+	t.Helper()
+	fp, err := idem.DefaultFingerprint(payload)
+	require.NoError(t, err)
+	return fp
+}
+
+func TestUnreachableBackend(t *testing.T) {
+	down := errors.New("connection refused")
+	b := idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: func(string) error { return down }}
+	s := durableStore(t, b, idem.Options{})
+	calls, fn := countingFn(order{})
+	_, err := s.RunOnce(context.Background(), "k", "p", fn)
+	assert.ErrorIs(t, err, down)
+	assert.Contains(t, err.Error(), "claiming key in backend")
+	assert.Zero(t, calls.Load(), "fn must not run without a durable claim")
+	assert.Zero(t, s.Len())
+	assert.ErrorIs(t, s.Forget(context.Background(), "k"), down)
+	_, err = s.Sweep(context.Background())
+	assert.ErrorIs(t, err, down)
+}
+
+func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	full := errors.New("disk full")
+	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Complete" {
+			return full
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{})
+	calls, fn := countingFn(order{7, 7})
+	ctx := context.Background()
+	v, err := s.RunOnce(ctx, "k", "p", fn)
+	assert.Equal(t, order{7, 7}, v, "the caller is told the result")
+	var nr *idem.NotRecordedError
+	require.ErrorAs(t, err, &nr)
+	assert.ErrorIs(t, err, full)
+
+	v, err = s.RunOnce(ctx, "k", "p", fn)
+	assert.Equal(t, order{7, 7}, v, "memory replays the result")
+	assert.ErrorAs(t, err, &nr)
+	assert.Equal(t, int32(1), calls.Load(), "a key whose fn succeeded is never released")
+
+	mem.Crash() // after a restart the key is interrupted, not free
+	restarted := durableStore(t, mem, idem.Options{})
+	_, err = restarted.RunOnce(ctx, "k", "p", fn)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+func TestBackendSweep(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	s := durableStore(t, b, idem.Options{TTL: time.Minute, Now: clock, SweepInterval: -1})
+	_, fn := countingFn(order{})
+	for i := range 2500 {
+		_, err := s.RunOnce(context.Background(), fmt.Sprint("k", i), nil, fn)
+		require.NoError(t, err)
+	}
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	n, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2500, n, "Sweep must go on past one backend batch")
+	assert.Zero(t, b.Len())
+}

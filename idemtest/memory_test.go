@@ -1,0 +1,12 @@
+package idemtest_test
+
+import (
+	"testing"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+)
+
+func TestMemoryBackendConformance(t *testing.T) {
+	idemtest.Run(t, func(*testing.T) idem.Backend { return idemtest.NewMemoryBackend() })
+}

@@ -1,0 +1,135 @@
+package idem
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// recordVersion is the first byte of every binary record; a new layout gets
+// a new version so that old files stay readable.
+const recordVersion = 1
+
+// MarshalBinary encodes r compactly, for backends that store records as
+// opaque values. UnmarshalBinary reads it back field for field.
+func (r Record) MarshalBinary() ([]byte, error) {
+	if len(r.Key) > MaxKeyLen {
+		return nil, fmt.Errorf("%w: %d bytes", ErrInvalidKey, len(r.Key))
+	}
+	n := 1 + 1 + 1 + len(r.Key) + len(r.Fingerprint) + 1 + len(r.Token) + 8 + 8 + 1 +
+		binary.MaxVarintLen64 + len(r.ErrMsg) + binary.MaxVarintLen64 + len(r.Value)
+	b := make([]byte, 0, n)
+	b = append(b, recordVersion, byte(r.State), byte(len(r.Key)))
+	b = append(b, r.Key...)
+	b = append(b, r.Fingerprint[:]...)
+	if len(r.Token) > 255 {
+		return nil, errors.New("idem: record token longer than 255 bytes")
+	}
+	b = append(b, byte(len(r.Token)))
+	b = append(b, r.Token...)
+	b = binary.BigEndian.AppendUint64(b, uint64(unixNano(r.CreatedAt)))
+	b = binary.BigEndian.AppendUint64(b, uint64(unixNano(r.ExpiresAt)))
+	var failed byte
+	if r.Failed {
+		failed = 1
+	}
+	b = append(b, failed)
+	b = binary.AppendUvarint(b, uint64(len(r.ErrMsg)))
+	b = append(b, r.ErrMsg...)
+	b = binary.AppendUvarint(b, uint64(len(r.Value)))
+	b = append(b, r.Value...)
+	return b, nil
+}
+
+// errBadRecord is returned by UnmarshalBinary for bytes that are not a record.
+var errBadRecord = errors.New("idem: malformed record")
+
+// UnmarshalBinary decodes a record made by MarshalBinary. Value aliases
+// nothing in data: it is a copy.
+func (r *Record) UnmarshalBinary(data []byte) error {
+	d := decoder{b: data}
+	if v := d.byte(); v != recordVersion {
+		return fmt.Errorf("%w: version %d", errBadRecord, v)
+	}
+	rec := Record{State: RecordState(d.byte())}
+	rec.Key = string(d.bytes(int(d.byte())))
+	copy(rec.Fingerprint[:], d.bytes(len(rec.Fingerprint)))
+	rec.Token = string(d.bytes(int(d.byte())))
+	rec.CreatedAt = fromUnixNano(int64(d.uint64()))
+	rec.ExpiresAt = fromUnixNano(int64(d.uint64()))
+	rec.Failed = d.byte() == 1
+	rec.ErrMsg = string(d.bytes(d.uvarint()))
+	rec.Value = bytes.Clone(d.bytes(d.uvarint()))
+	switch {
+	case d.err != nil:
+		return d.err
+	case len(d.b) != 0:
+		return fmt.Errorf("%w: %d trailing bytes", errBadRecord, len(d.b))
+	case rec.State < StatePending || rec.State > StateInterrupted:
+		return fmt.Errorf("%w: state %d", errBadRecord, rec.State)
+	}
+	*r = rec
+	return nil
+}
+
+// decoder reads fields off b, remembering the first shortfall.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) bytes(n int) []byte {
+	if d.err != nil || n < 0 || n > len(d.b) {
+		if d.err == nil {
+			d.err = fmt.Errorf("%w: truncated", errBadRecord)
+		}
+		return nil
+	}
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) byte() byte {
+	if v := d.bytes(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (d *decoder) uint64() uint64 {
+	if v := d.bytes(8); v != nil {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (d *decoder) uvarint() int {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 || v > uint64(len(d.b)) {
+		d.err = fmt.Errorf("%w: bad length", errBadRecord)
+		return 0
+	}
+	d.b = d.b[n:]
+	return int(v)
+}
+
+// unixNano is t in nanoseconds since 1970, with the zero Time as 0.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}

@@ -1,0 +1,65 @@
+package idem
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRecordBinaryRoundTrip(t *testing.T) {
+	rec := Record{
+		Key:         "clé-101",
+		Fingerprint: Fingerprint{1, 2, 3},
+		Token:       "0123456789abcdef0123456789abcdef",
+		State:       StateCompleted,
+		CreatedAt:   time.Unix(0, 1764493200123456789),
+		ExpiresAt:   time.Unix(0, 1764579600123456789),
+		Value:       []byte{0, 1, 2, 255},
+		Failed:      true,
+		ErrMsg:      "card declined",
+	}
+	b, err := rec.MarshalBinary()
+	require.NoError(t, err)
+	var got Record
+	require.NoError(t, got.UnmarshalBinary(b))
+	assert.Equal(t, rec.Key, got.Key)
+	assert.Equal(t, rec.Value, got.Value)
+	assert.True(t, rec.CreatedAt.Equal(got.CreatedAt))
+	assert.True(t, rec.ExpiresAt.Equal(got.ExpiresAt))
+	assert.Equal(t, rec.ErrMsg, got.ErrMsg)
+	assert.True(t, got.Failed)
+
+	pending := Record{Key: "k", State: StatePending, Token: "t"}
+	b, err = pending.MarshalBinary()
+	require.NoError(t, err)
+	require.NoError(t, got.UnmarshalBinary(b))
+	assert.True(t, got.ExpiresAt.IsZero(), "a zero time stays zero")
+}
+
+func TestRecordUnmarshalRejectsGarbage(t *testing.T) {
+	good, err := Record{Key: "k", State: StatePending, Token: "t", Value: []byte("value")}.MarshalBinary()
+	require.NoError(t, err)
+	for i := range good { // every truncation is an error, never a panic
+		var r Record
+		assert.Error(t, r.UnmarshalBinary(good[:i]), "truncated at %d", i)
+	}
+	var r Record
+	assert.Error(t, r.UnmarshalBinary(append(good, 0)), "trailing byte")
+	assert.Error(t, r.UnmarshalBinary([]byte{9, 1}), "unknown version")
+}
+
+func FuzzRecordUnmarshal(f *testing.F) {
+	good, _ := Record{Key: "k", State: StateCompleted, Token: "t", Value: []byte("v"), ErrMsg: "e"}.MarshalBinary()
+	f.Add(good)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r Record
+		if r.UnmarshalBinary(data) == nil {
+			again, err := r.MarshalBinary()
+			require.NoError(t, err)
+			var r2 Record
+			require.NoError(t, r2.UnmarshalBinary(again))
+		}
+	})
+}

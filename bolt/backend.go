@@ -1,0 +1,427 @@
+// Package bolt is an idem.Backend in a single bbolt file: restart-safe and
+// crash-safe for one process.
+//
+// Every write is durable (fsynced) before it returns: a claim before fn runs,
+// an outcome before RunOnce answers. Concurrent writes share commits: one
+// goroutine takes every write that is waiting and commits them together, so
+// a lone caller pays one fsync per write and many callers share each fsync.
+//
+// A key claimed when the process died is found pending when the file is next
+// opened; Open marks it interrupted, and the Store answers
+// idem.ErrOutcomeUnknown for it until it is forgotten.
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	bbolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+var (
+	// ErrLocked is returned by Open when another process, or another Open in
+	// this one, holds the file for longer than Options.LockTimeout.
+	ErrLocked = errors.New("bolt: database file is locked by another process")
+
+	// ErrCorrupt is returned when the file or a record in it is damaged:
+	// truncated, with a bad meta page, or with bytes bbolt cannot read.
+	ErrCorrupt = errors.New("bolt: database is corrupt")
+
+	// ErrNotIdem is returned by Open for a bbolt database that idem did not
+	// create, so that a wrong path never gets written into.
+	ErrNotIdem = errors.New("bolt: not an idem database")
+)
+
+var (
+	bucketMeta    = []byte("idem.meta")
+	bucketRecords = []byte("idem.records") // key -> idem.Record.MarshalBinary
+	bucketExpiry  = []byte("idem.expiry")  // 8-byte big-endian ExpiresAt (Unix ns) + key -> empty: completed records, soonest first
+	bucketPending = []byte("idem.pending") // key -> empty: claims not yet settled
+
+	formatKey     = []byte("format")
+	formatVersion = []byte{1}
+)
+
+// testHookBeforeComplete, if set, runs as Complete starts, before anything is
+// written. Crash tests use it to stop a process after fn returned and before
+// its outcome is recorded.
+var testHookBeforeComplete func()
+
+// Backend is an idem.Backend over one bbolt file. Open it with Open and close
+// it after the Stores that use it. It is safe for concurrent use.
+type Backend struct {
+	db          *bbolt.DB
+	interrupted int // records found pending by Open and marked interrupted
+
+	mu     sync.RWMutex
+	closed bool          // guarded by mu
+	reqs   chan *request // sent on under mu.RLock while open; closed by Close
+	exited chan struct{} // closed when the committer has drained reqs
+}
+
+var _ idem.Backend = (*Backend)(nil)
+
+// Open opens, or creates, the database file at path. A nil opts means the
+// defaults. A file that is not a bbolt database, or is truncated or corrupt,
+// is an error (never a panic or a crash), and so is a file another process
+// holds for longer than opts.LockTimeout.
+//
+// Records that an earlier process left pending are marked interrupted.
+func Open(path string, opts *Options) (*Backend, error) {
+	o := opts.withDefaults()
+	if err := checkFile(path); err != nil {
+		return nil, err
+	}
+	db, err := openDB(path, o)
+	if err != nil {
+		return nil, err
+	}
+	n, err := initialize(db)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("bolt: %s: %w", path, err)
+	}
+	b := &Backend{
+		db:          db,
+		interrupted: n,
+		reqs:        make(chan *request, o.MaxBatch),
+		exited:      make(chan struct{}),
+	}
+	go committer(db, b.reqs, o.MaxBatch, b.exited)
+	return b, nil
+}
+
+func openDB(path string, o Options) (db *bbolt.DB, err error) {
+	defer recoverCorrupt(&err)
+	db, err = bbolt.Open(path, o.FileMode, &bbolt.Options{
+		Timeout:      o.LockTimeout,
+		FreelistType: bbolt.FreelistMapType,
+		NoSync:       o.noSync,
+	})
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, fmt.Errorf("%w: %s (waited %v)", ErrLocked, path, o.LockTimeout)
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrVersionMismatch):
+		return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+	case err != nil:
+		return nil, fmt.Errorf("bolt: opening %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// initialize makes the buckets of a new file, checks an old one is idem's,
+// and marks the claims an earlier process left pending as interrupted,
+// returning how many it marked.
+func initialize(db *bbolt.DB) (interrupted int, err error) {
+	err = update(db, func(tx *bbolt.Tx) error {
+		if meta := tx.Bucket(bucketMeta); meta == nil {
+			if k, _ := tx.Cursor().First(); k != nil {
+				return fmt.Errorf("%w: it holds bucket %q", ErrNotIdem, k)
+			}
+			meta, err := tx.CreateBucket(bucketMeta)
+			if err != nil {
+				return err
+			}
+			if err := meta.Put(formatKey, formatVersion); err != nil {
+				return err
+			}
+		} else if v := meta.Get(formatKey); !bytes.Equal(v, formatVersion) {
+			return fmt.Errorf("%w: unknown format %x", ErrNotIdem, v)
+		}
+		for _, name := range [][]byte{bucketRecords, bucketExpiry, bucketPending} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		pending, records := tx.Bucket(bucketPending), tx.Bucket(bucketRecords)
+		var keys [][]byte
+		if err := pending.ForEach(func(k, _ []byte) error {
+			keys = append(keys, bytes.Clone(k))
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, k := range keys {
+			if v := records.Get(k); v != nil {
+				rec, err := decode(k, v)
+				if err != nil {
+					return err
+				}
+				rec.State = idem.StateInterrupted
+				if err := put(records, rec); err != nil {
+					return err
+				}
+			}
+			if err := pending.Delete(k); err != nil {
+				return err
+			}
+		}
+		interrupted = len(keys)
+		return nil
+	})
+	return interrupted, err
+}
+
+// Interrupted returns how many records Open found left pending by an earlier
+// process and marked interrupted.
+func (b *Backend) Interrupted() int { return b.interrupted }
+
+// Close waits for writes in flight, then closes the file. Later calls on b
+// return idem.ErrClosed; Close itself is idempotent.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	close(b.reqs)
+	b.mu.Unlock()
+	<-b.exited
+	return b.db.Close()
+}
+
+// write runs o in a shared, durable write transaction and returns its result
+// once committed. Once submitted, a write is waited for even if ctx ends, so
+// that the caller always learns whether it took effect.
+func (b *Backend) write(ctx context.Context, o op) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r := &request{op: o, done: make(chan error, 1)}
+	b.mu.RLock()
+	if b.closed {
+		b.mu.RUnlock()
+		return idem.ErrClosed
+	}
+	b.reqs <- r
+	b.mu.RUnlock()
+	return <-r.done
+}
+
+// read runs fn in a read transaction.
+func (b *Backend) read(ctx context.Context, fn func(*bbolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return idem.ErrClosed
+	}
+	return view(b.db, fn)
+}
+
+func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
+	enc, err := rec.MarshalBinary()
+	if err != nil {
+		return idem.Record{}, false, err
+	}
+	key := []byte(rec.Key)
+	var found idem.Record
+	won := false
+	err = b.write(ctx, func(tx *bbolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		if v := records.Get(key); v != nil {
+			old, err := decode(key, v)
+			if err != nil {
+				return err
+			}
+			if !expired(old, now) {
+				found, won = old, false
+				return nil
+			}
+			if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
+				return err
+			}
+		}
+		if err := records.Put(key, enc); err != nil {
+			return err
+		}
+		found, won = rec, true
+		return tx.Bucket(bucketPending).Put(key, nil)
+	})
+	if err != nil {
+		return idem.Record{}, false, err
+	}
+	return found, won, nil
+}
+
+func (b *Backend) Complete(ctx context.Context, rec idem.Record) error {
+	if testHookBeforeComplete != nil {
+		testHookBeforeComplete()
+	}
+	enc, err := rec.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	key := []byte(rec.Key)
+	return b.write(ctx, func(tx *bbolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		if err := checkOwner(records, key, rec.Token); err != nil {
+			return err
+		}
+		if err := records.Put(key, enc); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketPending).Delete(key); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketExpiry).Put(expiryKey(rec), nil)
+	})
+}
+
+func (b *Backend) Release(ctx context.Context, key, token string) error {
+	k := []byte(key)
+	return b.write(ctx, func(tx *bbolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		if err := checkOwner(records, k, token); err != nil {
+			return err
+		}
+		if err := records.Delete(k); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketPending).Delete(k)
+	})
+}
+
+// checkOwner returns nil if key's record is an unsettled claim held by token,
+// and an error matching idem.ErrNotOwner otherwise.
+func checkOwner(records *bbolt.Bucket, key []byte, token string) error {
+	v := records.Get(key)
+	if v == nil {
+		return fmt.Errorf("%w: key %q has no record", idem.ErrNotOwner, key)
+	}
+	old, err := decode(key, v)
+	if err != nil {
+		return err
+	}
+	if old.Token != token || old.State == idem.StateCompleted {
+		return fmt.Errorf("%w: key %q is %s under another claim", idem.ErrNotOwner, key, old.State)
+	}
+	return nil
+}
+
+func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+	var rec idem.Record
+	found := false
+	err := b.read(ctx, func(tx *bbolt.Tx) error {
+		v := tx.Bucket(bucketRecords).Get([]byte(key))
+		if v == nil {
+			return nil
+		}
+		var err error
+		rec, err = decode([]byte(key), v)
+		found = err == nil
+		return err
+	})
+	return rec, found, err
+}
+
+func (b *Backend) Forget(ctx context.Context, key string) error {
+	k := []byte(key)
+	return b.write(ctx, func(tx *bbolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		v := records.Get(k)
+		if v == nil {
+			return nil
+		}
+		old, err := decode(k, v)
+		if err != nil {
+			return err
+		}
+		switch old.State {
+		case idem.StatePending:
+			return fmt.Errorf("%w: key %q is claimed and not yet settled", idem.ErrInProgress, key)
+		case idem.StateCompleted:
+			if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
+				return err
+			}
+		}
+		return records.Delete(k)
+	})
+}
+
+// Sweep deletes up to limit expired records in one transaction, walking the
+// expiry index from its start: the work is proportional to what expired, not
+// to the size of the file.
+func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	n := 0
+	err := b.write(ctx, func(tx *bbolt.Tx) error {
+		n = 0
+		expiry, records := tx.Bucket(bucketExpiry), tx.Bucket(bucketRecords)
+		var due [][]byte
+		c := expiry.Cursor()
+		for k, _ := c.First(); k != nil && len(due) < limit && !now.Before(expiryTime(k)); k, _ = c.Next() {
+			due = append(due, bytes.Clone(k))
+		}
+		for _, k := range due {
+			if err := records.Delete(k[8:]); err != nil {
+				return err
+			}
+			if err := expiry.Delete(k); err != nil {
+				return err
+			}
+		}
+		n = len(due)
+		return nil
+	})
+	return n, err
+}
+
+// Each calls fn for every record, in key order, in one read transaction,
+// stopping at fn's first error. It is for inspection: fn must not call b.
+func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
+	return b.read(ctx, func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketRecords).ForEach(func(k, v []byte) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			rec, err := decode(k, v)
+			if err != nil {
+				return err
+			}
+			return fn(rec)
+		})
+	})
+}
+
+// expired reports whether rec is a completed record past its expiry at now.
+func expired(rec idem.Record, now time.Time) bool {
+	return rec.State == idem.StateCompleted && !now.Before(rec.ExpiresAt)
+}
+
+// expiryKey is rec's key in the expiry index: its expiry, big-endian so that
+// byte order is time order, then the record's key.
+func expiryKey(rec idem.Record) []byte {
+	k := make([]byte, 8, 8+len(rec.Key))
+	binary.BigEndian.PutUint64(k, uint64(rec.ExpiresAt.UnixNano()))
+	return append(k, rec.Key...)
+}
+
+func expiryTime(k []byte) time.Time {
+	return time.Unix(0, int64(binary.BigEndian.Uint64(k)))
+}
+
+func decode(key, v []byte) (idem.Record, error) {
+	var rec idem.Record
+	if err := rec.UnmarshalBinary(v); err != nil {
+		return rec, fmt.Errorf("%w: record %q: %w", ErrCorrupt, key, err)
+	}
+	return rec, nil
+}
+
+func put(records *bbolt.Bucket, rec idem.Record) error {
+	enc, err := rec.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	return records.Put([]byte(rec.Key), enc)
+}

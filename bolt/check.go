@@ -1,0 +1,127 @@
+package bolt
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"io/fs"
+	"os"
+)
+
+// bbolt's on-disk constants (go.etcd.io/bbolt/internal/common).
+const (
+	boltMagic      = 0xED0CDAED
+	boltVersion    = 2
+	pageHeaderSize = 16 // id uint64, flags uint16, count uint16, overflow uint32
+	metaSize       = 64 // magic, version, pageSize, flags uint32; root, sequence, freelist, pgid, txid, checksum uint64
+	metaSumSize    = 56 // the checksum covers the meta up to the checksum itself
+	noFreelist     = 0xffffffffffffffff
+)
+
+// meta is what checkFile needs of a bbolt meta page.
+type meta struct {
+	pageSize uint32
+	root     uint64
+	freelist uint64
+	pgid     uint64 // high-water mark: pages the file must hold
+	txid     uint64
+}
+
+// checkFile refuses, with a clear error, a file that bbolt could not open
+// safely. bbolt maps the file and trusts its meta pages: a file truncated
+// below the pages they claim faults with SIGBUS on first access, and a
+// corrupt meta can panic. A missing or empty file is fine: Open creates it.
+func checkFile(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	case fi.IsDir():
+		return fmt.Errorf("bolt: %s is a directory, not a database file", path)
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("bolt: %s is not a regular file", path)
+	case fi.Size() == 0:
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+
+	m, err := readMeta(f)
+	if err != nil {
+		return fmt.Errorf("bolt: %s is not a bbolt database (or both its meta pages are corrupt): %w", path, err)
+	}
+	if need := int64(m.pgid) * int64(m.pageSize); fi.Size() < need {
+		return fmt.Errorf("%w: %s is truncated: %d bytes, but its meta page needs %d", ErrCorrupt, path, fi.Size(), need)
+	}
+	if m.root >= m.pgid || (m.freelist >= m.pgid && m.freelist != noFreelist) {
+		return fmt.Errorf("%w: %s: meta page points past the end of the file", ErrCorrupt, path)
+	}
+	return nil
+}
+
+// readMeta returns the newest valid meta page of the two bbolt keeps: the
+// first at offset 0, the second one page in.
+func readMeta(r io.ReaderAt) (meta, error) {
+	first, err0 := readMetaAt(r, 0)
+	sizes := []int64{int64(os.Getpagesize()), 4096, 16384, 65536, 1024, 2048, 8192, 32768, 512}
+	if err0 == nil {
+		sizes = []int64{int64(first.pageSize)}
+	}
+	var best meta
+	var err1 error
+	for _, size := range sizes {
+		second, err := readMetaAt(r, size)
+		if err == nil && second.pageSize == uint32(size) {
+			best, err1 = second, nil
+			break
+		}
+		err1 = err
+	}
+	switch {
+	case err0 != nil && err1 != nil:
+		return meta{}, err0
+	case err0 != nil:
+		return best, nil
+	case err1 != nil || first.txid >= best.txid:
+		return first, nil
+	}
+	return best, nil
+}
+
+func readMetaAt(r io.ReaderAt, off int64) (meta, error) {
+	var buf [pageHeaderSize + metaSize]byte
+	if _, err := r.ReadAt(buf[:], off); err != nil {
+		return meta{}, fmt.Errorf("reading meta page at %d: %w", off, err)
+	}
+	b := buf[pageHeaderSize:]
+	le := binary.NativeEndian // bbolt writes its meta in the machine's byte order
+	switch {
+	case le.Uint32(b[0:]) != boltMagic:
+		return meta{}, errors.New("no bbolt magic number")
+	case le.Uint32(b[4:]) != boltVersion:
+		return meta{}, fmt.Errorf("bbolt file format %d, want %d", le.Uint32(b[4:]), boltVersion)
+	}
+	h := fnv.New64a()
+	h.Write(b[:metaSumSize])
+	if h.Sum64() != le.Uint64(b[metaSumSize:]) {
+		return meta{}, errors.New("meta page checksum mismatch")
+	}
+	m := meta{
+		pageSize: le.Uint32(b[8:]),
+		root:     le.Uint64(b[16:]),
+		freelist: le.Uint64(b[32:]),
+		pgid:     le.Uint64(b[40:]),
+		txid:     le.Uint64(b[48:]),
+	}
+	if m.pageSize < 512 || m.pageSize&(m.pageSize-1) != 0 {
+		return meta{}, fmt.Errorf("implausible page size %d", m.pageSize)
+	}
+	return m, nil
+}

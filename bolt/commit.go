@@ -1,0 +1,78 @@
+package bolt
+
+import (
+	"fmt"
+
+	bbolt "go.etcd.io/bbolt"
+)
+
+// An op is one write, run inside a shared write transaction. It returns its
+// own result as an error (nil, idem.ErrNotOwner, ...) and must either make
+// all its changes or none, so that one op's refusal never spoils the others
+// in its transaction.
+type op func(tx *bbolt.Tx) error
+
+type request struct {
+	op   op
+	done chan error // buffered; receives the op's result once its transaction has committed, or the commit's error
+}
+
+// committer is the one goroutine that writes. It takes the first request
+// waiting, then every other one already queued (up to maxBatch), runs them all
+// in one transaction and commits it with one fsync. A lone caller pays one
+// commit and no delay; callers that arrive while a commit is under way share
+// the next one. It returns when reqs is closed and drained.
+func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- struct{}) {
+	defer close(exited)
+	batch := make([]*request, 0, maxBatch)
+	results := make([]error, 0, maxBatch)
+	for first := range reqs {
+		batch = append(batch[:0], first)
+	gather:
+		for len(batch) < maxBatch {
+			select {
+			case r, ok := <-reqs:
+				if !ok {
+					break gather
+				}
+				batch = append(batch, r)
+			default:
+				break gather
+			}
+		}
+		results = results[:len(batch)]
+		err := update(db, func(tx *bbolt.Tx) error {
+			for i, r := range batch {
+				results[i] = r.op(tx)
+			}
+			return nil
+		})
+		for i, r := range batch {
+			if err != nil {
+				r.done <- err
+			} else {
+				r.done <- results[i]
+			}
+			batch[i] = nil
+		}
+	}
+}
+
+// update is db.Update that turns a panic inside bbolt, which a corrupt page
+// can cause, into an error; the transaction is rolled back.
+func update(db *bbolt.DB, fn func(*bbolt.Tx) error) (err error) {
+	defer recoverCorrupt(&err)
+	return db.Update(fn)
+}
+
+// view is db.View with the same protection as update.
+func view(db *bbolt.DB, fn func(*bbolt.Tx) error) (err error) {
+	defer recoverCorrupt(&err)
+	return db.View(fn)
+}
+
+func recoverCorrupt(err *error) {
+	if v := recover(); v != nil {
+		*err = fmt.Errorf("%w: %v", ErrCorrupt, v)
+	}
+}

@@ -1,0 +1,28 @@
+package bolt
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/require"
+)
+
+// openTemp opens a Backend on a new file in a temporary directory and closes
+// it when the test ends.
+func openTemp(t testing.TB, opts *Options) (*Backend, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	b, err := Open(path, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	return b, path
+}
+
+func TestConformance(t *testing.T) {
+	idemtest.Run(t, func(t *testing.T) idem.Backend {
+		b, _ := openTemp(t, nil)
+		return b
+	})
+}

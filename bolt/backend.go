@@ -17,6 +17,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -99,6 +100,7 @@ func Open(path string, opts *Options) (*Backend, error) {
 }
 
 func openDB(path string, o Options) (db *bbolt.DB, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer recoverCorrupt(&err)
 	db, err = bbolt.Open(path, o.FileMode, &bbolt.Options{
 		Timeout:      o.LockTimeout,

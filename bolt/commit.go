@@ -2,6 +2,7 @@ package bolt
 
 import (
 	"fmt"
+	"runtime/debug"
 
 	bbolt "go.etcd.io/bbolt"
 )
@@ -58,19 +59,25 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 	}
 }
 
-// update is db.Update that turns a panic inside bbolt, which a corrupt page
-// can cause, into an error; the transaction is rolled back.
+// update is db.Update made safe against a damaged file: bbolt reads pages
+// straight from its memory map, so a corrupt page can panic, and a bad offset
+// or a file truncated under it can fault. Both become an ErrCorrupt error and
+// the transaction is rolled back.
 func update(db *bbolt.DB, fn func(*bbolt.Tx) error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer recoverCorrupt(&err)
 	return db.Update(fn)
 }
 
 // view is db.View with the same protection as update.
 func view(db *bbolt.DB, fn func(*bbolt.Tx) error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer recoverCorrupt(&err)
 	return db.View(fn)
 }
 
+// recoverCorrupt turns a panic into an ErrCorrupt error in *err. Deferred
+// directly by every function that reads bbolt's pages.
 func recoverCorrupt(err *error) {
 	if v := recover(); v != nil {
 		*err = fmt.Errorf("%w: %v", ErrCorrupt, v)

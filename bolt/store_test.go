@@ -1,0 +1,177 @@
+package bolt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type receipt struct {
+	Charge int `json:"charge"`
+	Amount int `json:"amount"`
+}
+
+func TestRestartReplays(t *testing.T) {
+	b, path := openTemp(t, nil)
+	ctx := context.Background()
+	var calls atomic.Int32
+	fn := func(context.Context) (receipt, error) {
+		return receipt{Charge: int(calls.Add(1)), Amount: 450}, nil
+	}
+	declined := func(context.Context) (receipt, error) {
+		calls.Add(1)
+		return receipt{}, idem.Final(errors.New("card declined"))
+	}
+
+	s := idem.New[receipt](idem.Options{Backend: b})
+	first, err := s.RunOnce(ctx, "order-101", "450", fn)
+	require.NoError(t, err)
+	_, err = s.RunOnce(ctx, "order-102", "990", declined)
+	require.True(t, idem.IsFinal(err))
+	require.NoError(t, s.Close())
+	require.NoError(t, b.Close())
+
+	b, err = Open(path, nil) // the process restarts
+	require.NoError(t, err)
+	defer b.Close()
+	assert.Zero(t, b.Interrupted())
+	s = idem.New[receipt](idem.Options{Backend: b})
+	defer s.Close()
+	replay, err := s.RunOnce(ctx, "order-101", "450", fn)
+	require.NoError(t, err)
+	assert.Equal(t, first, replay)
+	_, err = s.RunOnce(ctx, "order-102", "990", declined)
+	assert.EqualError(t, err, "card declined")
+	assert.True(t, idem.IsFinal(err), "a final error stays final across a restart")
+	_, err = s.RunOnce(ctx, "order-101", "451", fn)
+	assert.ErrorIs(t, err, idem.ErrPayloadMismatch)
+	assert.Equal(t, int32(2), calls.Load(), "fn ran again after the restart")
+}
+
+// 64 goroutines each request 200 keys; every key is requested by 4 of them
+// at once, against one file.
+func TestConcurrentCallersRunEachKeyOnce(t *testing.T) {
+	const goroutines, perGoroutine, callersPerKey = 64, 200, 4
+	b, _ := openTemp(t, nil)
+	s := idem.New[int](idem.Options{Backend: b})
+	defer s.Close()
+	var runs [goroutines * perGoroutine / callersPerKey]atomic.Int32
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			group := g / callersPerKey // these 4 goroutines share keys
+			for i := range perGoroutine {
+				k := group*perGoroutine + i
+				v, err := s.RunOnce(context.Background(), fmt.Sprint("key-", k), k, func(context.Context) (int, error) {
+					runs[k].Add(1)
+					return k * 10, nil
+				})
+				if !assert.NoError(t, err) || !assert.Equal(t, k*10, v) {
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for k := range runs {
+		require.Equal(t, int32(1), runs[k].Load(), "key-%d", k)
+	}
+	assert.Zero(t, s.Len())
+}
+
+// runKeys completes the keys from first to last (exclusive), named by name,
+// from workers goroutines at once, so that their writes share commits.
+func runKeys(t *testing.T, s *idem.Store[receipt], first, last, workers int, name func(int) string) {
+	t.Helper()
+	fn := func(context.Context) (receipt, error) { return receipt{Charge: 1, Amount: 450}, nil }
+	var next atomic.Int64
+	next.Store(int64(first))
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := int(next.Add(1) - 1); k < last; k = int(next.Add(1) - 1) {
+				if _, err := s.RunOnce(context.Background(), name(k), nil, fn); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// With a bolt backend a day of completed keys lives in the file, not the
+// heap: the in-memory table ends empty and the heap does not grow with the
+// number of keys.
+func TestCompletedKeysLeaveMemory(t *testing.T) {
+	const keys, workers = 200_000, 64
+	b, _ := openTemp(t, &Options{noSync: true}) // this test is about memory, not fsync
+	s := idem.New[receipt](idem.Options{Backend: b})
+	defer s.Close()
+	name := func(k int) string { return fmt.Sprintf("key-%07d", k) }
+	heapAt := make(map[int]uint64)
+	run := func(first, last int) {
+		runKeys(t, s, first, last, workers, name)
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		heapAt[last] = ms.HeapAlloc
+	}
+	run(0, keys/4)
+	run(keys/4, keys)
+	assert.Zero(t, s.Len(), "memory must hold only keys in flight")
+	grown := int64(heapAt[keys]) - int64(heapAt[keys/4])
+	t.Logf("heap after %d keys: %d KiB; after %d: %d KiB", keys/4, heapAt[keys/4]>>10, keys, heapAt[keys]>>10)
+	// 150,000 more entries of ~200 bytes would be ~30 MiB.
+	assert.Less(t, grown, int64(4<<20), "the heap grew by %d KiB", grown>>10)
+}
+
+// Expired records are swept from the file, and under a steady load with a
+// short TTL the file stops growing: freed pages are reused.
+func TestSweepKeepsFileBounded(t *testing.T) {
+	b, path := openTemp(t, &Options{noSync: true})
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	s := idem.New[receipt](idem.Options{Backend: b, TTL: time.Minute, Now: clock, SweepInterval: -1})
+	defer s.Close()
+	ctx := context.Background()
+
+	// Unswept, 12 rounds of 3,000 records would take the file past 6 MiB.
+	const rounds, perRound = 12, 3000
+	sizes := make([]int64, rounds)
+	for r := range rounds {
+		runKeys(t, s, 0, perRound, 16, func(i int) string { return fmt.Sprintf("round-%02d-key-%05d", r, i) })
+		mu.Lock()
+		now = now.Add(time.Minute) // this round's keys expire
+		mu.Unlock()
+		n, err := s.Sweep(ctx)
+		require.NoError(t, err)
+		require.Equal(t, perRound, n, "round %d", r)
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		sizes[r] = fi.Size()
+	}
+	count := 0
+	require.NoError(t, b.Each(ctx, func(idem.Record) error { count++; return nil }))
+	assert.Zero(t, count, "swept records must leave the file")
+	t.Logf("file size by round: %v", sizes)
+	assert.Equal(t, sizes[3], sizes[rounds-1], "the file kept growing under a steady load")
+}

@@ -1,0 +1,170 @@
+// Command idem inspects and repairs the records of a bolt-backed idem store.
+//
+//	idem inspect FILE      list every key: state, age, expiry, sizes
+//	idem show FILE KEY     one key's record in full
+//	idem forget FILE KEY   drop a key's record: an operator's reconciliation of
+//	                       an interrupted key, once the operation's real outcome
+//	                       is known and dealt with
+//	idem sweep FILE        delete the expired records
+//
+// The file must not be open in a running service: bbolt allows one process
+// at a time, and idem fails after a second rather than wait.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/bolt"
+)
+
+const usage = `usage:
+  idem inspect FILE      list every key: state, age, expiry, sizes
+  idem show FILE KEY     one key's record in full
+  idem forget FILE KEY   drop a key's record (reconcile an interrupted key)
+  idem sweep FILE        delete the expired records
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, time.Now()))
+}
+
+// run carries out one command and returns the process's exit code: 0 done,
+// 1 failed, 2 misused.
+func run(args []string, stdout, stderr io.Writer, now time.Time) int {
+	want := map[string]int{"inspect": 2, "show": 3, "forget": 3, "sweep": 2}
+	if len(args) == 0 || want[args[0]] != len(args) {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cmd, path := args[0], args[1]
+	if err := command(cmd, path, args[2:], stdout, now); err != nil {
+		fmt.Fprintf(stderr, "idem %s: %v\n", cmd, err)
+		return 1
+	}
+	return 0
+}
+
+func command(cmd, path string, rest []string, w io.Writer, now time.Time) error {
+	// bolt.Open would create a missing file; an operator means an existing one.
+	if _, err := os.Stat(path); err != nil {
+		return err
+	}
+	b, err := bolt.Open(path, nil)
+	if errors.Is(err, bolt.ErrLocked) {
+		return fmt.Errorf("%w (is the service that uses it still running?)", err)
+	}
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	if n := b.Interrupted(); n > 0 {
+		fmt.Fprintf(w, "note: %d key(s) were left in flight by a process that stopped; they are now interrupted\n", n)
+	}
+	ctx := context.Background()
+	switch cmd {
+	case "inspect":
+		return inspect(ctx, b, w, now)
+	case "show":
+		return show(ctx, b, rest[0], w, now)
+	case "forget":
+		if err := b.Forget(ctx, rest[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "forgot %q: the next call with this key runs its operation again\n", rest[0])
+		return nil
+	default: // sweep
+		total := 0
+		for {
+			n, err := b.Sweep(ctx, now, 1000)
+			total += n
+			if err != nil {
+				return err
+			}
+			if n < 1000 {
+				fmt.Fprintf(w, "swept %d expired record(s)\n", total)
+				return nil
+			}
+		}
+	}
+}
+
+func inspect(ctx context.Context, b *bolt.Backend, w io.Writer, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tAGE\tEXPIRES IN\tVALUE BYTES\tRECORD BYTES")
+	count := 0
+	err := b.Each(ctx, func(rec idem.Record) error {
+		count++
+		size := 0
+		if enc, err := rec.MarshalBinary(); err == nil {
+			size = len(enc)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", rec.Key, state(rec), age(rec, now), expiresIn(rec, now), len(rec.Value), size)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%d record(s)\n", count)
+	return nil
+}
+
+func show(ctx context.Context, b *bolt.Backend, key string, w io.Writer, now time.Time) error {
+	rec, ok, err := b.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("no record for key %q", key)
+	}
+	fmt.Fprintf(w, "key:         %s\n", rec.Key)
+	fmt.Fprintf(w, "state:       %s\n", state(rec))
+	fmt.Fprintf(w, "claimed:     %s (%s ago)\n", rec.CreatedAt.UTC().Format(time.RFC3339Nano), age(rec, now))
+	fmt.Fprintf(w, "expires:     %s\n", expiresIn(rec, now))
+	fmt.Fprintf(w, "fingerprint: %x\n", rec.Fingerprint)
+	fmt.Fprintf(w, "token:       %s\n", rec.Token)
+	if rec.Failed {
+		fmt.Fprintf(w, "final error: %s\n", rec.ErrMsg)
+	}
+	if utf8.Valid(rec.Value) {
+		fmt.Fprintf(w, "value:       %s\n", rec.Value)
+	} else {
+		fmt.Fprintf(w, "value (hex): %x\n", rec.Value)
+	}
+	if rec.State == idem.StateInterrupted {
+		fmt.Fprintln(w, "\nThe operation may or may not have taken effect. Check its real outcome,")
+		fmt.Fprintf(w, "then clear the key with: idem forget FILE %s\n", rec.Key)
+	}
+	return nil
+}
+
+func state(rec idem.Record) string {
+	if rec.State == idem.StateCompleted && rec.Failed {
+		return "completed (final error)"
+	}
+	return rec.State.String()
+}
+
+func age(rec idem.Record, now time.Time) string {
+	return now.Sub(rec.CreatedAt).Round(time.Second).String()
+}
+
+func expiresIn(rec idem.Record, now time.Time) string {
+	switch {
+	case rec.State != idem.StateCompleted:
+		return "never (waits for an operator)"
+	case !now.Before(rec.ExpiresAt):
+		return "expired"
+	}
+	return rec.ExpiresAt.Sub(now).Round(time.Second).String()
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/bolt"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// fixture writes a database with a completed key, a final error, an expired
+// key and an interrupted one, and returns its path.
+func fixture(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "shop.db")
+	b, err := bolt.Open(path, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	clock := now.Add(-time.Hour)
+	s := idem.New[map[string]int](idem.Options{Backend: b, Now: func() time.Time { return clock }, TTL: 24 * time.Hour})
+	_, err = s.RunOnce(ctx, "order-101", "450", func(context.Context) (map[string]int, error) {
+		return map[string]int{"charge": 1, "amount": 450}, nil
+	})
+	require.NoError(t, err)
+	_, err = s.RunOnce(ctx, "order-102", "990", func(context.Context) (map[string]int, error) {
+		return nil, idem.Final(errors.New("card declined"))
+	})
+	require.True(t, idem.IsFinal(err))
+	require.NoError(t, s.Close())
+
+	old := idem.New[int](idem.Options{Backend: b, Now: func() time.Time { return now.Add(-48 * time.Hour) }})
+	_, err = old.RunOnce(ctx, "order-007", nil, func(context.Context) (int, error) { return 7, nil })
+	require.NoError(t, err)
+	require.NoError(t, old.Close())
+
+	// A claim whose process dies: pending now, interrupted on the next Open.
+	_, _, err = b.Claim(ctx, idem.Record{Key: "order-103", Token: "dead", State: idem.StatePending, CreatedAt: now.Add(-10 * time.Minute)}, now)
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	return path
+}
+
+func runCmd(args ...string) (code int, stdout, stderr string) {
+	var out, errs strings.Builder
+	code = run(args, &out, &errs, now)
+	return code, out.String(), errs.String()
+}
+
+func TestInspect(t *testing.T) {
+	path := fixture(t)
+	code, out, errs := runCmd("inspect", path)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "1 key(s) were left in flight")
+	for _, want := range []string{
+		"order-101  completed ",
+		"order-102  completed (final error)",
+		"order-007  completed ",
+		"order-103  interrupted",
+		"never (waits for an operator)",
+		"expired",
+		"23h0m0s",
+		"4 record(s)",
+	} {
+		assert.Contains(t, out, want)
+	}
+}
+
+func TestShowForgetSweep(t *testing.T) {
+	path := fixture(t)
+	code, out, errs := runCmd("show", path, "order-101")
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, `value:       {"amount":450,"charge":1}`)
+	code, out, _ = runCmd("show", path, "order-102")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "final error: card declined")
+	code, out, _ = runCmd("show", path, "order-103")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "idem forget FILE order-103")
+
+	code, out, errs = runCmd("forget", path, "order-103")
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, `forgot "order-103"`)
+	code, _, errs = runCmd("show", path, "order-103")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, `no record for key "order-103"`)
+
+	code, out, errs = runCmd("sweep", path)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "swept 1 expired record(s)")
+	_, out, _ = runCmd("inspect", path)
+	assert.Contains(t, out, "2 record(s)")
+}
+
+func TestErrors(t *testing.T) {
+	code, _, errs := runCmd()
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errs, "usage:")
+	code, _, _ = runCmd("show", "file-only")
+	assert.Equal(t, 2, code)
+
+	code, _, errs = runCmd("inspect", filepath.Join(t.TempDir(), "missing.db"))
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "no such file")
+
+	path := fixture(t)
+	held, err := bolt.Open(path, nil)
+	require.NoError(t, err)
+	defer held.Close()
+	code, _, errs = runCmd("inspect", path)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "locked by another process")
+	assert.Contains(t, errs, "still running")
+}

@@ -33,5 +33,11 @@ Five taps on Pay at once, one key:
 The same key sent again with order 102:
   refused: idem: key reused with a different payload
   order 102 was charged 0 time(s), 0 rupees in all
+
+Order 101, and the service restarts before the retry (keys in a bbolt file):
+  the payment service restarts: its store and file are closed and reopened
+  try 1: no reply. Did it go through? Trying again.
+  reply: charge 1, order 101, 450 rupees
+  order 101 was charged 1 time(s), 450 rupees in all
 `, out.String())
 }

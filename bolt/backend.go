@@ -44,7 +44,7 @@ var (
 	bucketMeta    = []byte("idem.meta")
 	bucketRecords = []byte("idem.records") // key -> idem.Record.MarshalBinary
 	bucketExpiry  = []byte("idem.expiry")  // 8-byte big-endian ExpiresAt (Unix ns) + key -> empty: completed records, soonest first
-	bucketPending = []byte("idem.pending") // key -> empty: claims not yet settled
+	bucketPending = []byte("idem.pending") // 8-byte big-endian CreatedAt (Unix ns) + key -> empty: claims not yet settled
 
 	formatKey     = []byte("format")
 	formatVersion = []byte{1}
@@ -150,9 +150,9 @@ func initialize(db *bbolt.DB) (interrupted int, err error) {
 		}); err != nil {
 			return err
 		}
-		for _, k := range keys {
-			if v := records.Get(k); v != nil {
-				rec, err := decode(k, v)
+		for _, pk := range keys {
+			if k := pk[8:]; records.Get(k) != nil {
+				rec, err := decode(k, records.Get(k))
 				if err != nil {
 					return err
 				}
@@ -161,7 +161,7 @@ func initialize(db *bbolt.DB) (interrupted int, err error) {
 					return err
 				}
 			}
-			if err := pending.Delete(k); err != nil {
+			if err := pending.Delete(pk); err != nil {
 				return err
 			}
 		}
@@ -222,6 +222,12 @@ func (b *Backend) read(ctx context.Context, fn func(*bbolt.Tx) error) error {
 }
 
 func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
+	// Most claims of a known key are replays: answer them from a read
+	// transaction, which costs no commit. Only a claim that may write goes
+	// to the committer, which looks again under the write lock.
+	if old, ok, err := b.Get(ctx, rec.Key); err != nil || (ok && !expired(old, now)) {
+		return old, false, err
+	}
 	enc, err := rec.MarshalBinary()
 	if err != nil {
 		return idem.Record{}, false, err
@@ -248,7 +254,7 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (id
 			return err
 		}
 		found, won = rec, true
-		return tx.Bucket(bucketPending).Put(key, nil)
+		return tx.Bucket(bucketPending).Put(pendingKey(rec), nil)
 	})
 	if err != nil {
 		return idem.Record{}, false, err
@@ -267,13 +273,14 @@ func (b *Backend) Complete(ctx context.Context, rec idem.Record) error {
 	key := []byte(rec.Key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
-		if err := checkOwner(records, key, rec.Token); err != nil {
+		claim, err := checkOwner(records, key, rec.Token)
+		if err != nil {
 			return err
 		}
 		if err := records.Put(key, enc); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketPending).Delete(key); err != nil {
+		if err := tx.Bucket(bucketPending).Delete(pendingKey(claim)); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketExpiry).Put(expiryKey(rec), nil)
@@ -284,31 +291,32 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
-		if err := checkOwner(records, k, token); err != nil {
+		claim, err := checkOwner(records, k, token)
+		if err != nil {
 			return err
 		}
 		if err := records.Delete(k); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketPending).Delete(k)
+		return tx.Bucket(bucketPending).Delete(pendingKey(claim))
 	})
 }
 
-// checkOwner returns nil if key's record is an unsettled claim held by token,
+// checkOwner returns key's record if it is an unsettled claim held by token,
 // and an error matching idem.ErrNotOwner otherwise.
-func checkOwner(records *bbolt.Bucket, key []byte, token string) error {
+func checkOwner(records *bbolt.Bucket, key []byte, token string) (idem.Record, error) {
 	v := records.Get(key)
 	if v == nil {
-		return fmt.Errorf("%w: key %q has no record", idem.ErrNotOwner, key)
+		return idem.Record{}, fmt.Errorf("%w: key %q has no record", idem.ErrNotOwner, key)
 	}
 	old, err := decode(key, v)
 	if err != nil {
-		return err
+		return idem.Record{}, err
 	}
 	if old.Token != token || old.State == idem.StateCompleted {
-		return fmt.Errorf("%w: key %q is %s under another claim", idem.ErrNotOwner, key, old.State)
+		return idem.Record{}, fmt.Errorf("%w: key %q is %s under another claim", idem.ErrNotOwner, key, old.State)
 	}
-	return nil
+	return old, nil
 }
 
 func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error) {
@@ -400,12 +408,19 @@ func expired(rec idem.Record, now time.Time) bool {
 	return rec.State == idem.StateCompleted && !now.Before(rec.ExpiresAt)
 }
 
-// expiryKey is rec's key in the expiry index: its expiry, big-endian so that
-// byte order is time order, then the record's key.
-func expiryKey(rec idem.Record) []byte {
-	k := make([]byte, 8, 8+len(rec.Key))
-	binary.BigEndian.PutUint64(k, uint64(rec.ExpiresAt.UnixNano()))
-	return append(k, rec.Key...)
+// expiryKey is rec's key in the expiry index, pendingKey its key in the
+// pending index: a time, then the record's key.
+func expiryKey(rec idem.Record) []byte  { return timeKey(rec.ExpiresAt, rec.Key) }
+func pendingKey(rec idem.Record) []byte { return timeKey(rec.CreatedAt, rec.Key) }
+
+// timeKey puts t first, big-endian, so that byte order is time order: a
+// sweep finds what expired at the start of its index, and new entries land
+// on the index's last page instead of on a random one, which keeps each
+// commit's page writes few.
+func timeKey(t time.Time, key string) []byte {
+	k := make([]byte, 8, 8+len(key))
+	binary.BigEndian.PutUint64(k, uint64(t.UnixNano()))
+	return append(k, key...)
 }
 
 func expiryTime(k []byte) time.Time {

@@ -156,6 +156,9 @@ func state(rec idem.Record) string {
 }
 
 func age(rec idem.Record, now time.Time) string {
+	if rec.CreatedAt.IsZero() {
+		return "unknown"
+	}
 	return now.Sub(rec.CreatedAt).Round(time.Second).String()
 }
 

@@ -20,4 +20,14 @@
 //
 // A Store is safe for use by many goroutines. The zero [Options] keep
 // outcomes in memory for 24 hours.
+//
+// # Durability
+//
+// With Options.Backend set, the claim is durable before fn runs and the
+// outcome is durable before RunOnce returns, so what the store promised
+// survives a restart: package bolt keeps records in a local bbolt file. A key
+// whose owner died between the two is interrupted: RunOnce answers
+// [ErrOutcomeUnknown] and does not run fn until an operator calls
+// [Store.Forget] (or Options.RetryInterrupted allows a second run). Package
+// idemtest holds the conformance suite every [Backend] must pass.
 package idem

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A Store runs each keyed operation at most once and remembers its outcome.
@@ -63,6 +64,24 @@ func New[R any](opts Options) *Store[R] {
 // fn must not call RunOnce with its own key (it would wait for itself until
 // ExecutionTimeout, like relocking a sync.Mutex) nor Close the store.
 func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func(context.Context) (R, error)) (R, error) {
+	return s.run(ctx, key, payload, fn, 0, false)
+}
+
+// RunOnceWait is RunOnce for a caller that waits only so long for another
+// caller's execution. If key is in flight when the call arrives, it waits at
+// most maxWait for the outcome (not at all if maxWait <= 0), then returns an
+// error matching ErrInProgress. If this call runs fn itself, maxWait does not
+// apply: it waits for its own execution under ctx, as RunOnce does. A server
+// uses it to answer a duplicate request with 409 Conflict after a bound, while
+// the first request, passing a context that cannot end, runs its handler on
+// its own goroutine.
+func (s *Store[R]) RunOnceWait(ctx context.Context, key string, payload any, maxWait time.Duration, fn func(context.Context) (R, error)) (R, error) {
+	return s.run(ctx, key, payload, fn, maxWait, true)
+}
+
+// run is RunOnce, with a bound on how long a duplicate waits if bounded is
+// set.
+func (s *Store[R]) run(ctx context.Context, key string, payload any, fn func(context.Context) (R, error), maxWait time.Duration, bounded bool) (R, error) {
 	var zero R
 	switch {
 	case ctx == nil:
@@ -91,6 +110,14 @@ func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func
 	case claimReplay:
 		return e.val, e.err
 	case claimWait:
+		if bounded {
+			if maxWait <= 0 {
+				return zero, ErrInProgress
+			}
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, maxWait)
+			defer cancel()
+		}
 		return wait(ctx, e)
 	}
 	if !canLeave {

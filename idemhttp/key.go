@@ -1,0 +1,79 @@
+package idemhttp
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/seed094d4201/idem"
+)
+
+// Header is the request header that carries an idempotency key.
+const Header = "Idempotency-Key"
+
+// ReplayedHeader is set to "true" on a response that replays a stored one.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// ParseKey reads an Idempotency-Key header value: the key as it is, or as an
+// RFC 8941 sf-string ("quoted", with \" and \\ escapes). Both forms of one
+// key mean the same key. The key must satisfy idem.CheckKey; any other value
+// is an error matching idem.ErrInvalidKey.
+func ParseKey(value string) (string, error) {
+	if !strings.HasPrefix(value, `"`) {
+		return value, idem.CheckKey(value)
+	}
+	key, err := unquote(value)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", idem.ErrInvalidKey, err)
+	}
+	return key, idem.CheckKey(key)
+}
+
+// unquote decodes an RFC 8941 sf-string: printable ASCII between double
+// quotes, where only \" and \\ are escapes.
+func unquote(s string) (string, error) {
+	if len(s) < 2 || s[len(s)-1] != '"' {
+		return "", errors.New("quoted key has no closing quote")
+	}
+	var b strings.Builder
+	for i := 1; i < len(s)-1; i++ {
+		c := s[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(s)-1 || (s[i] != '"' && s[i] != '\\') {
+				return "", errors.New(`quoted key has a backslash that escapes neither " nor \`)
+			}
+			b.WriteByte(s[i])
+		case c == '"':
+			return "", errors.New("quoted key has an unescaped quote inside")
+		case c < 0x20 || c > 0x7e:
+			return "", fmt.Errorf("quoted key has byte %#x, not printable ASCII", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), nil
+}
+
+// NewKey returns a new random key: a version 4 UUID, 122 random bits. Make
+// it where the intent is made (when the order is placed), store it with the
+// order, and send it on every attempt, including after a restart.
+func NewKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// WithKey returns a shallow copy of req that carries key in its
+// Idempotency-Key header; req itself is not changed. Transport then sends
+// that key on every attempt instead of making its own.
+func WithKey(req *http.Request, key string) *http.Request {
+	r := req.Clone(req.Context())
+	r.Header.Set(Header, key)
+	return r
+}

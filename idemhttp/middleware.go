@@ -1,0 +1,299 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/seed094d4201/idem"
+)
+
+// Options configure Middleware. Every zero field means the default it
+// documents.
+type Options struct {
+	// Methods are the request methods the middleware guards; requests with
+	// other methods pass straight through. Nil means POST and PATCH.
+	Methods []string
+
+	// Required makes a guarded request without an Idempotency-Key header
+	// fail with 400. False lets such a request through unguarded.
+	Required bool
+
+	// Scope returns the client a request acts for, such as the
+	// authenticated account, and the key is joined to it: two clients that
+	// happen to send the same key never share an outcome, and one can never
+	// read the other's stored response. Run the middleware after
+	// authentication so that Scope can see who is calling. An error answers
+	// 500 and runs nothing.
+	//
+	// Nil means one scope for every request, which is right only when one
+	// client alone can reach the handler. On a server with many clients,
+	// set it.
+	Scope func(*http.Request) (string, error)
+
+	// Fingerprint identifies a request, to refuse a key reused for a
+	// different one with 422. It sees the request and its whole body. Nil
+	// means RequestFingerprint; JSONFingerprint ignores key order and
+	// whitespace in JSON bodies.
+	Fingerprint func(r *http.Request, body []byte) (idem.Fingerprint, error)
+
+	// Wait bounds how long a request whose key is in flight waits for that
+	// execution's outcome, to replay it, before it is answered 409 with
+	// Retry-After. Zero means it is answered 409 at once.
+	Wait time.Duration
+
+	// RetryAfter is what a 409 for a key in flight, or a 503, tells the
+	// client to wait. Zero means one second.
+	RetryAfter time.Duration
+
+	// StoredHeaders are the response headers remembered and replayed with
+	// the status and body. Set-Cookie, Authorization and hop-by-hop headers
+	// are never stored, even if listed. Nil means DefaultStoredHeaders.
+	StoredHeaders []string
+
+	// MaxStoredBody bounds the response body remembered, in bytes. A larger
+	// response is delivered but not remembered, and its key is released.
+	// Zero means 1 MiB.
+	MaxStoredBody int
+
+	// MaxRequestBody bounds the request body read to fingerprint it; a
+	// larger one is answered 413. Zero means 1 MiB.
+	MaxRequestBody int64
+
+	// FailOpen runs the handler unguarded when the store cannot be used (its
+	// backend is unreachable, say) instead of answering 503. It trades the
+	// guarantee for availability: a retry may then execute twice.
+	FailOpen bool
+
+	// Logger receives what cannot be told to the client: a handler panic, an
+	// outcome the backend failed to record. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultStoredHeaders are the response headers remembered when
+// Options.StoredHeaders is nil.
+var DefaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Link"}
+
+const (
+	defaultRetryAfter     = time.Second
+	defaultMaxStoredBody  = 1 << 20
+	defaultMaxRequestBody = 1 << 20
+)
+
+// guard is Middleware's configuration with its defaults applied.
+type guard struct {
+	opts    Options
+	methods map[string]bool
+	stored  map[string]bool
+	store   *idem.Store[Response]
+}
+
+// Middleware returns middleware that runs each guarded request's handler at
+// most once per Idempotency-Key (within the request's scope) and replays the
+// stored response, with Idempotent-Replayed: true, to every retry.
+//
+// A request with the key of a request still in flight waits up to
+// opts.Wait for its outcome, then is answered 409 Conflict with Retry-After.
+// The same key with a different request (by opts.Fingerprint) is 422; a
+// missing key, when opts.Required, or a malformed one is 400; a store that
+// fails is 503 unless opts.FailOpen. Error responses are RFC 9457
+// application/problem+json.
+//
+// A response is remembered if its status is 2xx, 3xx, or 4xx other than 408,
+// 409, 425 and 429, and it was neither streamed (Flush, Hijack) nor larger
+// than opts.MaxStoredBody. Any other response, or a panic, is delivered as it
+// is but releases the key, so the next retry runs the handler again.
+//
+// The handler runs under a context that a client hanging up does not cancel,
+// and the outcome is recorded under it too, so a completed response is never
+// lost. The store's own options (TTL, Backend) decide how long and where
+// responses are kept.
+func Middleware(store *idem.Store[Response], opts Options) func(http.Handler) http.Handler {
+	g := &guard{opts: opts, store: store, methods: make(map[string]bool), stored: make(map[string]bool)}
+	if g.opts.Methods == nil {
+		g.opts.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	for _, m := range g.opts.Methods {
+		g.methods[m] = true
+	}
+	if g.opts.StoredHeaders == nil {
+		g.opts.StoredHeaders = DefaultStoredHeaders
+	}
+	for _, h := range g.opts.StoredHeaders {
+		g.stored[http.CanonicalHeaderKey(h)] = true
+	}
+	if g.opts.Fingerprint == nil {
+		g.opts.Fingerprint = RequestFingerprint
+	}
+	if g.opts.RetryAfter <= 0 {
+		g.opts.RetryAfter = defaultRetryAfter
+	}
+	if g.opts.MaxStoredBody <= 0 {
+		g.opts.MaxStoredBody = defaultMaxStoredBody
+	}
+	if g.opts.MaxRequestBody <= 0 {
+		g.opts.MaxRequestBody = defaultMaxRequestBody
+	}
+	if g.opts.Logger == nil {
+		g.opts.Logger = slog.Default()
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serve(w, r, next) })
+	}
+}
+
+// notStored carries a response that was delivered but may not be remembered
+// (a 5xx, a streamed or oversized body) to the requests that waited on it.
+type notStored struct{ resp Response }
+
+func (e *notStored) Error() string {
+	return "idemhttp: response not remembered (status " + strconv.Itoa(e.resp.Status) + ")"
+}
+
+func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if !g.methods[r.Method] {
+		next.ServeHTTP(w, r)
+		return
+	}
+	values := r.Header.Values(Header)
+	switch {
+	case len(values) == 0 && g.opts.Required:
+		writeProblem(w, http.StatusBadRequest, "This request needs an Idempotency-Key header.", 0)
+		return
+	case len(values) == 0:
+		next.ServeHTTP(w, r)
+		return
+	case len(values) > 1:
+		writeProblem(w, http.StatusBadRequest, "Send one Idempotency-Key header, not several.", 0)
+		return
+	}
+	key, err := ParseKey(values[0])
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxRequestBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeProblem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("The request body is larger than %d bytes.", tooLarge.Limit), 0)
+		} else {
+			writeProblem(w, http.StatusBadRequest, "Reading the request body: "+err.Error(), 0)
+		}
+		return
+	}
+	// The handler gets a copy of the request with the body it would have
+	// read, under a context the client cannot cancel.
+	ctx := context.WithoutCancel(r.Context())
+	req := r.WithContext(ctx)
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	fp, err := g.opts.Fingerprint(req, body)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, err.Error(), 0)
+		return
+	}
+	scope := ""
+	if g.opts.Scope != nil {
+		if scope, err = g.opts.Scope(r); err != nil {
+			g.opts.Logger.Error("idemhttp: scope", "err", err)
+			writeProblem(w, http.StatusInternalServerError, "The request's scope could not be determined.", 0)
+			return
+		}
+	}
+
+	// The context cannot end, so if this request claims the key its handler
+	// runs right here, writing straight to the client; a duplicate waits at
+	// most opts.Wait.
+	var rec *recorder // set if the handler runs for this request
+	resp, err := g.store.RunOnceWait(ctx, scopedKey(scope, key), fp[:], g.opts.Wait, func(ctx context.Context) (Response, error) {
+		rec = newRecorder(w, g.stored, g.opts.MaxStoredBody)
+		next.ServeHTTP(rec, req.WithContext(ctx))
+		resp, ok := rec.response()
+		if !ok {
+			return resp, &notStored{resp}
+		}
+		return resp, nil
+	})
+	if rec != nil {
+		g.afterRun(w, rec.resp.Status != 0, err)
+		return
+	}
+	g.answer(w, req, next, resp, err)
+}
+
+// afterRun finishes a request whose handler ran here and has written its
+// response, or started to (written).
+func (g *guard) afterRun(w http.ResponseWriter, written bool, err error) {
+	var pe *idem.PanicError
+	var nr *idem.NotRecordedError
+	switch {
+	case err == nil:
+	case errors.As(err, &pe):
+		if errors.Is(pe, http.ErrAbortHandler) {
+			panic(http.ErrAbortHandler) // the handler asked to abort the response
+		}
+		g.opts.Logger.Error("idemhttp: handler panicked; its key is released", "panic", pe.Value, "stack", string(pe.Stack))
+		if !written {
+			writeProblem(w, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0)
+		}
+	case errors.As(err, &nr):
+		g.opts.Logger.Error("idemhttp: response delivered but not recorded; its key stays claimed", "err", err)
+	default:
+		if _, plain := err.(*notStored); !plain { // a release that failed too
+			g.opts.Logger.Error("idemhttp: releasing the key of an unremembered response", "err", err)
+		}
+	}
+}
+
+// answer responds to a request whose handler did not run here: a replay, or
+// why there is none.
+func (g *guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error) {
+	var ns *notStored
+	var pe *idem.PanicError
+	switch {
+	case err == nil:
+		resp.write(w)
+	case errors.As(err, &ns):
+		ns.resp.write(w) // the shared execution's outcome, not kept for later
+	case errors.As(err, &pe):
+		writeProblem(w, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0)
+	case errors.Is(err, idem.ErrPayloadMismatch):
+		writeProblem(w, http.StatusUnprocessableEntity, "This Idempotency-Key was used with a different request.", 0)
+	case errors.Is(err, idem.ErrInProgress):
+		writeProblem(w, http.StatusConflict, "A request with this Idempotency-Key is still being processed; retry with the same key.", g.opts.RetryAfter)
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		writeProblem(w, http.StatusConflict, "A request with this Idempotency-Key was interrupted and its outcome is unknown; it needs an operator.", 0)
+	case errors.Is(err, idem.ErrInvalidKey):
+		writeProblem(w, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0)
+	case g.opts.FailOpen && !errors.Is(err, idem.ErrFull):
+		g.opts.Logger.Warn("idemhttp: store unavailable; running the handler unguarded (FailOpen)", "err", err)
+		next.ServeHTTP(w, req)
+	default:
+		g.opts.Logger.Error("idemhttp: store unavailable", "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, "Idempotency keys cannot be checked right now; retry with the same key.", g.opts.RetryAfter)
+	}
+}
+
+// scopedKey joins scope and key into one store key that no other pair
+// produces: the scope's length, the scope, then the key. One that idem would
+// not accept, being too long or holding control characters, is replaced by
+// its SHA-256.
+func scopedKey(scope, key string) string {
+	if scope == "" {
+		return key
+	}
+	k := strconv.Itoa(len(scope)) + ":" + scope + ":" + key
+	if idem.CheckKey(k) == nil {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,159 @@
+package idemhttp
+
+import (
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Transport is an http.RoundTripper that makes requests safe to retry. For
+// each POST or PATCH (by default) it uses the request's own Idempotency-Key,
+// or makes one, and sends that same key on every attempt. It retries only
+// outcomes that leave the result unknown or say "try again": a connection
+// error or timeout, and 409, 425, 429, 502, 503 and 504. It never retries
+// 400, 422 or any other answer. Between attempts it waits a capped, jittered
+// exponential backoff, at least what a Retry-After header asks, and gives up
+// when the request's context ends.
+//
+// The body is rewound with Request.GetBody (set by http.NewRequest for
+// common body types); a request whose body cannot be rewound is sent once.
+// A key made by Transport lives only as long as the call: for retries that
+// must survive a restart, make the key with the order (NewKey), store it,
+// and attach it with WithKey.
+//
+// A Transport is safe for concurrent use. Its fields must not change once it
+// is in use.
+type Transport struct {
+	// Base sends each attempt. Nil means http.DefaultTransport.
+	Base http.RoundTripper
+
+	// Methods are the request methods that get a key and retries; others
+	// are sent once, as they are. Nil means POST and PATCH.
+	Methods []string
+
+	// MaxAttempts bounds the attempts per request, the first included. Zero
+	// means 4.
+	MaxAttempts int
+
+	// MinBackoff is the base wait before the first retry; each retry
+	// doubles it, up to MaxBackoff, and a random part of up to half is taken
+	// off. Zero means 100ms.
+	MinBackoff time.Duration
+
+	// MaxBackoff caps the backoff (not a Retry-After). Zero means 5s.
+	MaxBackoff time.Duration
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// RoundTrip sends req, retrying as Transport describes. It does not change
+// req.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if !t.guards(req.Method) {
+		return base.RoundTrip(req)
+	}
+	key := req.Header.Get(Header)
+	if key == "" {
+		key = NewKey()
+	}
+	rewindable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	maxAttempts := t.MaxAttempts
+	if maxAttempts <= 0 {
+		maxAttempts = 4
+	}
+	for attempt := 1; ; attempt++ {
+		r := req.Clone(req.Context())
+		r.Header.Set(Header, key)
+		if attempt > 1 {
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, err
+			}
+			r.Body = body
+		}
+		resp, err := base.RoundTrip(r)
+		if !retryable(resp, err) || attempt == maxAttempts || !rewindable || req.Context().Err() != nil {
+			return resp, err
+		}
+		wait := t.backoff(attempt, resp)
+		if resp != nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection can be reused
+			resp.Body.Close()
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-req.Context().Done():
+			timer.Stop()
+			return nil, req.Context().Err()
+		}
+	}
+}
+
+func (t *Transport) guards(method string) bool {
+	if t.Methods == nil {
+		return method == http.MethodPost || method == http.MethodPatch
+	}
+	for _, m := range t.Methods {
+		if m == method {
+			return true
+		}
+	}
+	return false
+}
+
+// retryable reports whether an attempt's outcome leaves the result unknown or
+// asks to try again.
+func retryable(resp *http.Response, err error) bool {
+	if err != nil {
+		return true // the request may or may not have reached the server
+	}
+	switch resp.StatusCode {
+	case http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// backoff is the wait after the given attempt: exponential from MinBackoff,
+// capped at MaxBackoff, less a random part of up to half, and never less
+// than a Retry-After on resp.
+func (t *Transport) backoff(attempt int, resp *http.Response) time.Duration {
+	lo, hi := t.MinBackoff, t.MaxBackoff
+	if lo <= 0 {
+		lo = 100 * time.Millisecond
+	}
+	if hi <= 0 {
+		hi = 5 * time.Second
+	}
+	d := lo << min(attempt-1, 30)
+	if d > hi || d <= 0 {
+		d = hi
+	}
+	d -= time.Duration(rand.Int64N(int64(d)/2 + 1))
+	if resp != nil {
+		d = max(d, retryAfter(resp.Header.Get("Retry-After")))
+	}
+	return d
+}
+
+// retryAfter reads a Retry-After value: seconds, or an HTTP date.
+func retryAfter(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(0, time.Until(at))
+	}
+	return 0
+}

@@ -1,0 +1,256 @@
+// Command payments is a small payment API guarded by idempotency keys, and a
+// client that pays through a network that loses a reply.
+//
+//	go run ./examples/payments              # the whole story, then exit
+//	go run ./examples/payments -serve :8080 # only the API, for curl
+//
+// The API takes POST /charges with a JSON body {"order":101,"amount":450}
+// and an Idempotency-Key header, keeps its keys in a bbolt file, and lists
+// the ledger at GET /ledger. The story starts it on a loopback port, puts a
+// proxy in front that drops the first reply after the API has charged, and
+// pays three orders with idemhttp.Transport: the lost reply is retried with
+// the same key and replayed, so the ledger holds one charge per order.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/bolt"
+	"github.com/seed094d4201/idem/idemhttp"
+)
+
+func main() {
+	serve := flag.String("serve", "", "only serve the API on this address (for curl), until interrupted")
+	db := flag.String("db", "", "bbolt file for the keys (default: a temporary file)")
+	flag.Parse()
+	var err error
+	if *serve != "" {
+		err = serveOnly(*serve, *db)
+	} else {
+		err = run(os.Stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "payments:", err)
+		os.Exit(1)
+	}
+}
+
+// Charge is one row of the ledger.
+type Charge struct {
+	ID     int `json:"charge"`
+	Order  int `json:"order"`
+	Amount int `json:"amount"`
+}
+
+// API is the payment service: its ledger, and its idempotency keys in a
+// bbolt file.
+type API struct {
+	mu     sync.Mutex
+	ledger []Charge // guarded by mu
+
+	backend *bolt.Backend
+	keys    *idem.Store[idemhttp.Response]
+	handler http.Handler
+}
+
+// NewAPI opens the key file at path and builds the API's handler.
+func NewAPI(path string) (*API, error) {
+	b, err := bolt.Open(path, nil)
+	if err != nil {
+		return nil, err
+	}
+	a := &API{backend: b, keys: idem.New[idemhttp.Response](idem.Options{Backend: b})}
+	guard := idemhttp.Middleware(a.keys, idemhttp.Options{
+		Required:    true,
+		Wait:        5 * time.Second,
+		Fingerprint: idemhttp.JSONFingerprint,
+		// One tenant must never see another's stored responses. A real API
+		// takes the account from its authentication; this one from a header.
+		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /charges", guard(http.HandlerFunc(a.charge)))
+	mux.HandleFunc("GET /ledger", a.listLedger)
+	a.handler = mux
+	return a, nil
+}
+
+func (a *API) Close() error { return errors.Join(a.keys.Close(), a.backend.Close()) }
+
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.handler.ServeHTTP(w, r) }
+
+// charge takes the money: it is not idempotent by itself.
+func (a *API) charge(w http.ResponseWriter, r *http.Request) {
+	var req struct{ Order, Amount int }
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Order <= 0 || req.Amount <= 0 {
+		http.Error(w, `{"error":"want {\"order\":N,\"amount\":N}"}`, http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	c := Charge{ID: len(a.ledger) + 1, Order: req.Order, Amount: req.Amount}
+	a.ledger = append(a.ledger, c)
+	a.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/charges/%d", c.ID))
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(c)
+}
+
+func (a *API) Ledger() []Charge {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]Charge(nil), a.ledger...)
+}
+
+func (a *API) listLedger(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(a.Ledger())
+}
+
+// lossyProxy forwards to the API, but cuts the connection instead of
+// replying to the first lose requests: the API did the work, the reply is
+// lost on the way back.
+type lossyProxy struct {
+	api  string
+	lose int32
+	seen atomic.Int32
+}
+
+func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.api+r.URL.RequestURI(), r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	out.Header = r.Header.Clone()
+	resp, err := http.DefaultTransport.RoundTrip(out)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	if p.seen.Add(1) <= p.lose {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		return
+	}
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}
+
+// listen serves h on a loopback port and returns its URL and a stop func.
+func listen(h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Shutdown(context.Background()) }, nil
+}
+
+func run(w io.Writer) error {
+	dir, err := os.MkdirTemp("", "payments")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	api, err := NewAPI(filepath.Join(dir, "keys.db"))
+	if err != nil {
+		return err
+	}
+	defer api.Close()
+	apiURL, stopAPI, err := listen(api)
+	if err != nil {
+		return err
+	}
+	defer stopAPI()
+	proxy := &lossyProxy{api: apiURL, lose: 1}
+	proxyURL, stopProxy, err := listen(proxy)
+	if err != nil {
+		return err
+	}
+	defer stopProxy()
+
+	client := &http.Client{Transport: &idemhttp.Transport{MinBackoff: 10 * time.Millisecond}}
+	fmt.Fprintln(w, "Paying three orders through a network that loses the first reply:")
+	for _, o := range []struct{ order, amount int }{{101, 450}, {102, 990}, {103, 120}} {
+		key := idemhttp.NewKey() // made with the order; a real shop stores it there
+		body := fmt.Sprintf(`{"order":%d,"amount":%d}`, o.order, o.amount)
+		req, err := http.NewRequest(http.MethodPost, proxyURL+"/charges", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("X-Account", "shop-7")
+		resp, err := client.Do(idemhttp.WithKey(req, key))
+		if err != nil {
+			return err
+		}
+		var c Charge
+		err = json.NewDecoder(resp.Body).Decode(&c)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		note := ""
+		if resp.Header.Get(idemhttp.ReplayedHeader) == "true" {
+			note = " (a retry after the lost reply, answered from the stored response)"
+		}
+		fmt.Fprintf(w, "  order %d: %s, charge %d%s\n", o.order, resp.Status, c.ID, note)
+	}
+
+	fmt.Fprintln(w, "The ledger:")
+	perOrder := make(map[int]int)
+	for _, c := range api.Ledger() {
+		fmt.Fprintf(w, "  charge %d: order %d, %d rupees\n", c.ID, c.Order, c.Amount)
+		perOrder[c.Order]++
+	}
+	once := len(perOrder) == 3
+	for _, n := range perOrder {
+		once = once && n == 1
+	}
+	fmt.Fprintf(w, "One charge per order: %v (the proxy dropped %d reply)\n", once, min(proxy.seen.Load(), proxy.lose))
+	if !once {
+		return errors.New("an order was charged twice")
+	}
+	return nil
+}
+
+// serveOnly runs the API on addr until the process is interrupted.
+func serveOnly(addr, path string) error {
+	if path == "" {
+		dir, err := os.MkdirTemp("", "payments")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		path = filepath.Join(dir, "keys.db")
+	}
+	api, err := NewAPI(path)
+	if err != nil {
+		return err
+	}
+	defer api.Close()
+	log.Printf("payment API on %s, keys in %s", addr, path)
+	srv := &http.Server{Addr: addr, Handler: api, ReadHeaderTimeout: 5 * time.Second}
+	return srv.ListenAndServe()
+}

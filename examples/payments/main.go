@@ -37,10 +37,11 @@ import (
 func main() {
 	serve := flag.String("serve", "", "only serve the API on this address (for curl), until interrupted")
 	db := flag.String("db", "", "bbolt file for the keys (default: a temporary file)")
+	delay := flag.Duration("delay", 0, "with -serve: make each charge take this long, to see a duplicate answered 409")
 	flag.Parse()
 	var err error
 	if *serve != "" {
-		err = serveOnly(*serve, *db)
+		err = serveOnly(*serve, *db, *delay)
 	} else {
 		err = run(os.Stdout)
 	}
@@ -66,18 +67,20 @@ type API struct {
 	backend *bolt.Backend
 	keys    *idem.Store[idemhttp.Response]
 	handler http.Handler
+	delay   time.Duration // how long a charge takes
 }
 
-// NewAPI opens the key file at path and builds the API's handler.
-func NewAPI(path string) (*API, error) {
+// NewAPI opens the key file at path and builds the API's handler. Each
+// charge takes at least delay.
+func NewAPI(path string, delay time.Duration) (*API, error) {
 	b, err := bolt.Open(path, nil)
 	if err != nil {
 		return nil, err
 	}
-	a := &API{backend: b, keys: idem.New[idemhttp.Response](idem.Options{Backend: b})}
+	a := &API{backend: b, keys: idem.New[idemhttp.Response](idem.Options{Backend: b}), delay: delay}
 	guard := idemhttp.Middleware(a.keys, idemhttp.Options{
 		Required:    true,
-		Wait:        5 * time.Second,
+		Wait:        2 * time.Second, // a duplicate waits this long for the first request, then 409
 		Fingerprint: idemhttp.JSONFingerprint,
 		// One tenant must never see another's stored responses. A real API
 		// takes the account from its authentication; this one from a header.
@@ -101,6 +104,7 @@ func (a *API) charge(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":"want {\"order\":N,\"amount\":N}"}`, http.StatusBadRequest)
 		return
 	}
+	time.Sleep(a.delay) // the bank is slow
 	a.mu.Lock()
 	c := Charge{ID: len(a.ledger) + 1, Order: req.Order, Amount: req.Amount}
 	a.ledger = append(a.ledger, c)
@@ -174,7 +178,7 @@ func run(w io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	api, err := NewAPI(filepath.Join(dir, "keys.db"))
+	api, err := NewAPI(filepath.Join(dir, "keys.db"), 0)
 	if err != nil {
 		return err
 	}
@@ -236,7 +240,7 @@ func run(w io.Writer) error {
 }
 
 // serveOnly runs the API on addr until the process is interrupted.
-func serveOnly(addr, path string) error {
+func serveOnly(addr, path string, delay time.Duration) error {
 	if path == "" {
 		dir, err := os.MkdirTemp("", "payments")
 		if err != nil {
@@ -245,7 +249,7 @@ func serveOnly(addr, path string) error {
 		defer os.RemoveAll(dir)
 		path = filepath.Join(dir, "keys.db")
 	}
-	api, err := NewAPI(path)
+	api, err := NewAPI(path, delay)
 	if err != nil {
 		return err
 	}

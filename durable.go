@@ -10,10 +10,11 @@ import (
 
 // executeDurable claims key in the Backend and runs fn, or answers from the
 // record it finds there. It runs once per key per process at a time: the
-// memory table has already made this caller the key's only owner here. keep
-// reports an outcome that memory must hold because the backend could not
-// record it.
-func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprint, fn func(context.Context) (R, error)) (val R, err error, keep bool) {
+// memory table has already made this caller the key's only owner here. pin
+// reports an outcome that the backend could not settle (record or release),
+// so that its record stays pending: memory must hold the outcome for as long
+// as the store lives, or this process would find the key pending forever.
+func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprint, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
 	b := s.opts.Backend
 	for retried := false; ; retried = true {
 		now := s.opts.Now()
@@ -47,19 +48,23 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 // outcome is completed, anything else releases the claim. Both use a context
 // that fn's timeout cannot end, so a finished operation is never lost for
 // want of time to record it.
-func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context.Context) (R, error)) (val R, err error, keep bool) {
+func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
 	b := s.opts.Backend
 	record := context.WithoutCancel(ctx)
-	returned := false
+	settled := false
 	defer func() {
-		if !returned { // fn called runtime.Goexit: it failed before commit
+		if !settled { // fn called runtime.Goexit: it failed before commit
 			_ = b.Release(record, claim.Key, claim.Token)
 		}
 	}()
-	val, err, returned = call(ctx, fn)
+	val, err, returned := call(ctx, fn)
+	settled = true
 	if !returned || !isFinalOutcome(err) {
 		if rerr := b.Release(record, claim.Key, claim.Token); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("idem: releasing key in backend: %w", rerr))
+			// The record stays pending: pin the failure so this process
+			// answers it rather than "in progress" until a restart makes
+			// the key interrupted.
+			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend: %w", rerr)), true
 		}
 		return val, err, false
 	}
@@ -75,7 +80,8 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context
 	}
 	if rerr != nil {
 		// Never release a key after fn succeeded: it stays claimed (durably
-		// pending, interrupted after a restart) and memory replays it.
+		// pending, interrupted after a restart) and memory replays it for as
+		// long as the store lives.
 		return val, errors.Join(err, &NotRecordedError{Err: rerr}), true
 	}
 	return val, err, false

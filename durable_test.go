@@ -211,7 +211,8 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{})
+	clock := &testClock{now: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)}
+	s := durableStore(t, b, idem.Options{Now: clock.Now, TTL: time.Hour})
 	calls, fn := countingFn(order{7, 7})
 	ctx := context.Background()
 	v, err := s.RunOnce(ctx, "k", "p", fn)
@@ -224,6 +225,15 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 	assert.Equal(t, order{7, 7}, v, "memory replays the result")
 	assert.ErrorAs(t, err, &nr)
 	assert.Equal(t, int32(1), calls.Load(), "a key whose fn succeeded is never released")
+
+	clock.Advance(48 * time.Hour)
+	v, err = s.RunOnce(ctx, "k", "p", fn)
+	assert.Equal(t, order{7, 7}, v, "the unrecorded outcome is pinned: it does not expire while the store lives")
+	assert.ErrorAs(t, err, &nr)
+	assert.ErrorIs(t, s.Forget(ctx, "k"), idem.ErrInProgress, "its record is still pending, so it cannot be forgotten")
+	v, _ = s.RunOnce(ctx, "k", "p", fn)
+	assert.Equal(t, order{7, 7}, v, "a refused Forget leaves memory as it was")
+	assert.Equal(t, int32(1), calls.Load())
 
 	mem.Crash() // after a restart the key is interrupted, not free
 	restarted := durableStore(t, mem, idem.Options{})
@@ -250,4 +260,59 @@ func TestBackendSweep(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2500, n, "Sweep must go on past one backend batch")
 	assert.Zero(t, b.Len())
+}
+
+// testClock is a clock that moves only when told to.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func TestUnreleasedFailureIsPinned(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	var failReleases atomic.Bool
+	failReleases.Store(true)
+	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Release" && failReleases.Load() {
+			return errors.New("disk full")
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{})
+	declined := errors.New("bank unreachable")
+	var calls atomic.Int32
+	fn := func(context.Context) (order, error) { calls.Add(1); return order{}, declined }
+	ctx := context.Background()
+	_, err := s.RunOnce(ctx, "k", "p", fn)
+	assert.ErrorIs(t, err, declined)
+	assert.ErrorContains(t, err, "disk full")
+
+	// The durable claim is still pending; this process answers with what it
+	// knows instead of "in progress" for ever.
+	failReleases.Store(false)
+	_, err = s.RunOnce(ctx, "k", "p", fn)
+	assert.ErrorIs(t, err, declined)
+	assert.NotErrorIs(t, err, idem.ErrInProgress)
+	assert.Equal(t, int32(1), calls.Load())
+
+	mem.Crash()
+	restarted := durableStore(t, mem, idem.Options{})
+	_, err = restarted.RunOnce(ctx, "k", "p", fn)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.NoError(t, restarted.Forget(ctx, "k"))
+	_, err = restarted.RunOnce(ctx, "k", "p", fn)
+	assert.ErrorIs(t, err, declined)
+	assert.Equal(t, int32(2), calls.Load())
 }

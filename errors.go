@@ -23,7 +23,8 @@ var (
 	// ErrOutcomeUnknown is returned when a durable record shows the key was
 	// claimed but its owner stopped before recording an outcome, so the
 	// operation may or may not have taken effect. Such a key stays in this
-	// state until Forget clears it.
+	// state until Forget clears it, unless Options.RetryInterrupted lets the
+	// store run fn again.
 	ErrOutcomeUnknown = errors.New("idem: outcome unknown: the key was claimed but its owner stopped before recording an outcome")
 
 	// ErrInvalidKey is returned when a key is empty, longer than MaxKeyLen
@@ -94,8 +95,9 @@ func (e *PanicError) Unwrap() error {
 // NotRecordedError is returned, together with fn's result, when fn finished
 // with a final outcome but the Backend could not record it. The key stays
 // claimed rather than released, since the operation took effect: this
-// process replays the outcome from memory, and after a restart the key is
-// interrupted (ErrOutcomeUnknown) until an operator reconciles it.
+// process replays the outcome from memory for as long as the store lives,
+// and after a restart the key is interrupted (ErrOutcomeUnknown) until an
+// operator reconciles it.
 type NotRecordedError struct {
 	Err error // why recording failed
 }

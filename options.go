@@ -16,14 +16,15 @@ type Options struct {
 	TTL time.Duration
 
 	// SweepInterval is how often a background goroutine removes expired
-	// outcomes from memory. Expiry is also checked on every lookup, so the
-	// sweeper bounds memory, never correctness. Zero means one minute, or the
+	// outcomes from memory and from the Backend. Expiry is also checked on
+	// every lookup, so the sweeper bounds storage, never correctness. Zero means one minute, or the
 	// TTL if that is shorter; negative means no background sweeper (call
 	// Store.Sweep yourself).
 	SweepInterval time.Duration
 
 	// MaxKeys bounds the keys held in memory, in flight or remembered (with a
-	// Backend, in flight only). When
+	// Backend: in flight, or pinned because the backend failed to settle
+	// them). When
 	// it is reached, a new key gets ErrFull while known keys still replay;
 	// no live key is evicted. Zero or negative means unbounded.
 	MaxKeys int

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -13,7 +14,9 @@ import (
 const recordVersion = 1
 
 // MarshalBinary encodes r compactly, for backends that store records as
-// opaque values. UnmarshalBinary reads it back field for field.
+// opaque values. UnmarshalBinary reads it back field for field; times come
+// back as the same instants, in UTC-less local form, and an empty Value as
+// nil or empty alike.
 func (r Record) MarshalBinary() ([]byte, error) {
 	if len(r.Key) > MaxKeyLen {
 		return nil, fmt.Errorf("%w: %d bytes", ErrInvalidKey, len(r.Key))
@@ -119,17 +122,27 @@ func (d *decoder) uvarint() int {
 	return int(v)
 }
 
-// unixNano is t in nanoseconds since 1970, with the zero Time as 0.
+// zeroTime stands for the zero Time, which has no Unix nanosecond count of
+// its own; every other instant, the Unix epoch included, keeps its own.
+const zeroTime = math.MinInt64
+
+// unixNano is t in nanoseconds since 1970, with the zero Time as zeroTime.
 func unixNano(t time.Time) int64 {
 	if t.IsZero() {
-		return 0
+		return zeroTime
 	}
 	return t.UnixNano()
 }
 
 func fromUnixNano(n int64) time.Time {
-	if n == 0 {
+	if n == zeroTime {
 		return time.Time{}
 	}
 	return time.Unix(0, n)
+}
+
+// Expired reports whether r is a completed record whose outcome has expired
+// at now; a claim may then take its key over.
+func (r Record) Expired(now time.Time) bool {
+	return r.State == StateCompleted && !now.Before(r.ExpiresAt)
 }

@@ -172,16 +172,20 @@ func (s *Store[R]) execute(ctx context.Context, e *entry[R], fn func(context.Con
 	// What waiters get if fn calls runtime.Goexit, which unwinds this
 	// goroutine past the assignments below; the deferred settle still runs.
 	e.err = errGoexit
-	keep := false // memory keeps the outcome and replays it
+	keep := false // memory keeps the outcome and replays it until the TTL
+	pin := false  // memory keeps it for good: the backend could not settle it
 	defer func() {
-		if keep {
+		switch {
+		case pin:
+			s.table.pin(e)
+		case keep:
 			s.table.complete(e, s.opts.Now().Add(s.opts.TTL))
-		} else {
+		default:
 			s.table.release(e)
 		}
 	}()
 	if s.opts.Backend != nil {
-		e.val, e.err, keep = s.executeDurable(ctx, e.key, e.fp, fn)
+		e.val, e.err, pin = s.executeDurable(ctx, e.key, e.fp, fn)
 		return
 	}
 	var returned bool
@@ -222,13 +226,14 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	if err := CheckKey(key); err != nil {
 		return err
 	}
-	if err := s.table.forget(key); err != nil || s.opts.Backend == nil {
-		return err
+	// The backend first: it refuses a record still pending, in flight here
+	// or left unsettled, and memory then keeps what it holds for that key.
+	if b := s.opts.Backend; b != nil {
+		if err := b.Forget(ctx, key); err != nil {
+			return fmt.Errorf("idem: forgetting key in backend: %w", err)
+		}
 	}
-	if err := s.opts.Backend.Forget(ctx, key); err != nil {
-		return fmt.Errorf("idem: forgetting key in backend: %w", err)
-	}
-	return nil
+	return s.table.forget(key)
 }
 
 // Sweep removes the outcomes that have expired, from memory and from the

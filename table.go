@@ -75,7 +75,7 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone boo
 	}
 	if e := sh.entries[key]; e != nil {
 		switch {
-		case e.completed && !now.Before(e.expires):
+		case e.completed && !e.expires.IsZero() && !now.Before(e.expires):
 			t.removeLocked(sh, e) // expired: the key is free again
 		case e.fp != fp:
 			return nil, 0, ErrPayloadMismatch
@@ -137,6 +137,20 @@ func (t *table[R]) complete(e *entry[R], expires time.Time) {
 	t.running.Done()
 }
 
+// pin records e's outcome, already in e.val and e.err, for as long as the
+// store lives: it never expires and no sweep removes it. It is for an
+// outcome the Backend could not settle, whose key must not run again here.
+func (t *table[R]) pin(e *entry[R]) {
+	sh := e.shard
+	sh.mu.Lock()
+	e.completed = true // with a zero expires: pinned
+	if e.done != nil {
+		close(e.done)
+	}
+	sh.mu.Unlock()
+	t.running.Done()
+}
+
 // release removes e, whose execution failed before commit, so the next call
 // with its key executes again, and wakes its waiters with e.err.
 func (t *table[R]) release(e *entry[R]) {
@@ -159,22 +173,23 @@ func (t *table[R]) forget(key string) error {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	switch e := sh.entries[key]; {
+	e := sh.entries[key]
+	switch {
 	case sh.closed:
 		return ErrClosed
-	case e == nil:
-		return nil
-	case !e.completed:
+	case e != nil && !e.completed:
 		return ErrInProgress
-	default:
+	case e != nil:
 		t.removeLocked(sh, e)
-		return nil
 	}
+	return nil
 }
 
 // removeLocked drops the completed entry e. The caller holds sh.mu.
 func (t *table[R]) removeLocked(sh *shard[R], e *entry[R]) {
-	sh.expiry.remove(e)
+	if !e.expires.IsZero() { // pinned entries are not on the expiry list
+		sh.expiry.remove(e)
+	}
 	delete(sh.entries, e.key)
 	if t.maxKeys > 0 {
 		t.keys.Add(-1)

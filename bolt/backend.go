@@ -17,6 +17,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -32,7 +33,8 @@ var (
 	ErrLocked = errors.New("bolt: database file is locked by another process")
 
 	// ErrCorrupt is returned when the file or a record in it is damaged:
-	// truncated, with a bad meta page, or with bytes bbolt cannot read.
+	// truncated, with meta pages that fail their checksum, or with pages or
+	// records that cannot be read.
 	ErrCorrupt = errors.New("bolt: database is corrupt")
 
 	// ErrNotIdem is returned by Open for a bbolt database that idem did not
@@ -100,12 +102,25 @@ func Open(path string, opts *Options) (*Backend, error) {
 }
 
 func openDB(path string, o Options) (db *bbolt.DB, err error) {
+	// bbolt does not close the file if it panics on a damaged one; keep hold
+	// of it to close it, and so drop its lock, here.
+	var file *os.File
+	defer func() {
+		if err != nil && db == nil && file != nil {
+			file.Close()
+		}
+	}()
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer recoverCorrupt(&err)
 	db, err = bbolt.Open(path, o.FileMode, &bbolt.Options{
 		Timeout:      o.LockTimeout,
 		FreelistType: bbolt.FreelistMapType,
 		NoSync:       o.noSync,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, perm)
+			file = f
+			return f, err
+		},
 	})
 	switch {
 	case errors.Is(err, berrors.ErrTimeout):
@@ -151,21 +166,22 @@ func initialize(db *bbolt.DB) (interrupted int, err error) {
 			return err
 		}
 		for _, pk := range keys {
-			if k := pk[8:]; records.Get(k) != nil {
-				rec, err := decode(k, records.Get(k))
-				if err != nil {
-					return err
-				}
-				rec.State = idem.StateInterrupted
-				if err := put(records, rec); err != nil {
-					return err
+			if len(pk) > 8 {
+				// A record that cannot be read is left as it is, for the
+				// operator to forget; one that is not pending is settled.
+				rec, err := decode(pk[8:], records.Get(pk[8:]))
+				if err == nil && rec.State == idem.StatePending {
+					rec.State = idem.StateInterrupted
+					if err := put(records, rec); err != nil {
+						return err
+					}
+					interrupted++
 				}
 			}
 			if err := pending.Delete(pk); err != nil {
 				return err
 			}
 		}
-		interrupted = len(keys)
 		return nil
 	})
 	return interrupted, err
@@ -225,7 +241,7 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (id
 	// Most claims of a known key are replays: answer them from a read
 	// transaction, which costs no commit. Only a claim that may write goes
 	// to the committer, which looks again under the write lock.
-	if old, ok, err := b.Get(ctx, rec.Key); err != nil || (ok && !expired(old, now)) {
+	if old, ok, err := b.Get(ctx, rec.Key); err != nil || (ok && !old.Expired(now)) {
 		return old, false, err
 	}
 	enc, err := rec.MarshalBinary()
@@ -242,7 +258,7 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (id
 			if err != nil {
 				return err
 			}
-			if !expired(old, now) {
+			if !old.Expired(now) {
 				found, won = old, false
 				return nil
 			}
@@ -345,7 +361,7 @@ func (b *Backend) Forget(ctx context.Context, key string) error {
 		}
 		old, err := decode(k, v)
 		if err != nil {
-			return err
+			return records.Delete(k) // unreadable: the operator may still clear it
 		}
 		switch old.State {
 		case idem.StatePending:
@@ -369,12 +385,18 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 		expiry, records := tx.Bucket(bucketExpiry), tx.Bucket(bucketRecords)
 		var due [][]byte
 		c := expiry.Cursor()
-		for k, _ := c.First(); k != nil && len(due) < limit && !now.Before(expiryTime(k)); k, _ = c.Next() {
+		for k, _ := c.First(); k != nil && len(due) < limit && len(k) > 8 && !now.Before(expiryTime(k)); k, _ = c.Next() {
 			due = append(due, bytes.Clone(k))
 		}
 		for _, k := range due {
-			if err := records.Delete(k[8:]); err != nil {
-				return err
+			// Delete the record only if this entry is still its expiry: an
+			// entry the record has outlived must not take a newer claim.
+			if v := records.Get(k[8:]); v != nil {
+				if rec, err := decode(k[8:], v); err == nil && rec.State == idem.StateCompleted && bytes.Equal(expiryKey(rec), k) {
+					if err := records.Delete(k[8:]); err != nil {
+						return err
+					}
+				}
 			}
 			if err := expiry.Delete(k); err != nil {
 				return err
@@ -403,11 +425,6 @@ func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
 	})
 }
 
-// expired reports whether rec is a completed record past its expiry at now.
-func expired(rec idem.Record, now time.Time) bool {
-	return rec.State == idem.StateCompleted && !now.Before(rec.ExpiresAt)
-}
-
 // expiryKey is rec's key in the expiry index, pendingKey its key in the
 // pending index: a time, then the record's key.
 func expiryKey(rec idem.Record) []byte  { return timeKey(rec.ExpiresAt, rec.Key) }
@@ -429,6 +446,9 @@ func expiryTime(k []byte) time.Time {
 
 func decode(key, v []byte) (idem.Record, error) {
 	var rec idem.Record
+	if v == nil {
+		return rec, fmt.Errorf("%w: no record for %q", ErrCorrupt, key)
+	}
 	if err := rec.UnmarshalBinary(v); err != nil {
 		return rec, fmt.Errorf("%w: record %q: %w", ErrCorrupt, key, err)
 	}

@@ -54,11 +54,14 @@ func checkFile(path string) error {
 	defer f.Close()
 
 	m, err := readMeta(f)
-	if err != nil {
-		return fmt.Errorf("bolt: %s is not a bbolt database (or both its meta pages are corrupt): %w", path, err)
+	switch {
+	case errors.Is(err, errNoMagic):
+		return fmt.Errorf("bolt: %s is not a bbolt database: %w", path, err)
+	case err != nil:
+		return fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
 	}
-	if need := int64(m.pgid) * int64(m.pageSize); fi.Size() < need {
-		return fmt.Errorf("%w: %s is truncated: %d bytes, but its meta page needs %d", ErrCorrupt, path, fi.Size(), need)
+	if m.pgid > uint64(fi.Size())/uint64(m.pageSize) { // pgid*pageSize could overflow
+		return fmt.Errorf("%w: %s is truncated: %d bytes, but its meta page counts %d pages of %d", ErrCorrupt, path, fi.Size(), m.pgid, m.pageSize)
 	}
 	if m.root >= m.pgid || (m.freelist >= m.pgid && m.freelist != noFreelist) {
 		return fmt.Errorf("%w: %s: meta page points past the end of the file", ErrCorrupt, path)
@@ -66,45 +69,44 @@ func checkFile(path string) error {
 	return nil
 }
 
+// errNoMagic is returned by readMeta for a file that does not start like a
+// bbolt database at all.
+var errNoMagic = errors.New("no bbolt magic number")
+
 // readMeta returns the newest valid meta page of the two bbolt keeps: the
-// first at offset 0, the second one page in.
+// first at offset 0, the second one page in. When the first is unreadable,
+// the second is looked for where bbolt itself looks: one OS page in.
 func readMeta(r io.ReaderAt) (meta, error) {
 	first, err0 := readMetaAt(r, 0)
-	sizes := []int64{int64(os.Getpagesize()), 4096, 16384, 65536, 1024, 2048, 8192, 32768, 512}
+	at := int64(os.Getpagesize())
 	if err0 == nil {
-		sizes = []int64{int64(first.pageSize)}
+		at = int64(first.pageSize)
 	}
-	var best meta
-	var err1 error
-	for _, size := range sizes {
-		second, err := readMetaAt(r, size)
-		if err == nil && second.pageSize == uint32(size) {
-			best, err1 = second, nil
-			break
-		}
-		err1 = err
-	}
+	second, err1 := readMetaAt(r, at)
 	switch {
 	case err0 != nil && err1 != nil:
 		return meta{}, err0
 	case err0 != nil:
-		return best, nil
-	case err1 != nil || first.txid >= best.txid:
+		return second, nil
+	case err1 != nil || first.txid >= second.txid:
 		return first, nil
 	}
-	return best, nil
+	return second, nil
 }
 
 func readMetaAt(r io.ReaderAt, off int64) (meta, error) {
 	var buf [pageHeaderSize + metaSize]byte
 	if _, err := r.ReadAt(buf[:], off); err != nil {
+		if off == 0 {
+			return meta{}, fmt.Errorf("%w: file too short: %w", errNoMagic, err)
+		}
 		return meta{}, fmt.Errorf("reading meta page at %d: %w", off, err)
 	}
 	b := buf[pageHeaderSize:]
 	le := binary.NativeEndian // bbolt writes its meta in the machine's byte order
 	switch {
 	case le.Uint32(b[0:]) != boltMagic:
-		return meta{}, errors.New("no bbolt magic number")
+		return meta{}, errNoMagic
 	case le.Uint32(b[4:]) != boltVersion:
 		return meta{}, fmt.Errorf("bbolt file format %d, want %d", le.Uint32(b[4:]), boltVersion)
 	}

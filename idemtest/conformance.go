@@ -34,6 +34,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 		{"CompleteChecksToken", testCompleteChecksToken},
 		{"ReleaseChecksToken", testReleaseChecksToken},
 		{"CompletedRecordExpires", testCompletedRecordExpires},
+		{"SweepSparesClaimOverExpired", testSweepSparesClaimOverExpired},
 		{"SweepDeletesExpiredOnly", testSweepDeletesExpiredOnly},
 		{"GetAndForget", testGetAndForget},
 		{"RecordsRoundTrip", testRecordsRoundTrip},
@@ -220,6 +221,23 @@ func testCompletedRecordExpires(t *testing.T, b idem.Backend) {
 	got, won, err := b.Claim(ctx, fresh, epoch.Add(time.Hour))
 	require.NoError(t, err)
 	assert.True(t, won, "an expired record must give way to a new claim")
+	assertSameRecord(t, fresh, got)
+}
+
+// A claim that took over an expired record must not be swept with the old
+// record's expiry.
+func testSweepSparesClaimOverExpired(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	claimAndComplete(t, b, "k", "old", time.Minute)
+	fresh := pending("k")
+	_, won, err := b.Claim(ctx, fresh, epoch.Add(time.Hour))
+	require.NoError(t, err)
+	require.True(t, won)
+	_, err = b.Sweep(ctx, epoch.Add(1000*time.Hour), 100)
+	require.NoError(t, err)
+	got, ok, err := b.Get(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, ok, "the new claim was swept away")
 	assertSameRecord(t, fresh, got)
 }
 

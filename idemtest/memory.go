@@ -32,7 +32,7 @@ func (m *MemoryBackend) Claim(ctx context.Context, rec idem.Record, now time.Tim
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if old, ok := m.records[rec.Key]; ok && !(old.State == idem.StateCompleted && !now.Before(old.ExpiresAt)) {
+	if old, ok := m.records[rec.Key]; ok && !old.Expired(now) {
 		return clone(old), false, nil
 	}
 	m.records[rec.Key] = clone(rec)
@@ -103,7 +103,7 @@ func (m *MemoryBackend) Sweep(ctx context.Context, now time.Time, limit int) (in
 	defer m.mu.Unlock()
 	var expired []idem.Record
 	for _, rec := range m.records {
-		if rec.State == idem.StateCompleted && !now.Before(rec.ExpiresAt) {
+		if rec.Expired(now) {
 			expired = append(expired, rec)
 		}
 	}

@@ -106,7 +106,7 @@ func inspect(ctx context.Context, b *bolt.Backend, w io.Writer, now time.Time) e
 		if enc, err := rec.MarshalBinary(); err == nil {
 			size = len(enc)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", rec.Key, state(rec), age(rec, now), expiresIn(rec, now), len(rec.Value), size)
+		fmt.Fprintf(tw, "%q\t%s\t%s\t%s\t%d\t%d\n", rec.Key, state(rec), age(rec, now), expiresIn(rec, now), len(rec.Value), size)
 		return nil
 	})
 	if err != nil {
@@ -127,23 +127,23 @@ func show(ctx context.Context, b *bolt.Backend, key string, w io.Writer, now tim
 	if !ok {
 		return fmt.Errorf("no record for key %q", key)
 	}
-	fmt.Fprintf(w, "key:         %s\n", rec.Key)
+	fmt.Fprintf(w, "key:         %q\n", rec.Key)
 	fmt.Fprintf(w, "state:       %s\n", state(rec))
 	fmt.Fprintf(w, "claimed:     %s (%s ago)\n", rec.CreatedAt.UTC().Format(time.RFC3339Nano), age(rec, now))
 	fmt.Fprintf(w, "expires:     %s\n", expiresIn(rec, now))
 	fmt.Fprintf(w, "fingerprint: %x\n", rec.Fingerprint)
 	fmt.Fprintf(w, "token:       %s\n", rec.Token)
 	if rec.Failed {
-		fmt.Fprintf(w, "final error: %s\n", rec.ErrMsg)
+		fmt.Fprintf(w, "final error: %q\n", rec.ErrMsg)
 	}
 	if utf8.Valid(rec.Value) {
-		fmt.Fprintf(w, "value:       %s\n", rec.Value)
+		fmt.Fprintf(w, "value:       %q\n", rec.Value)
 	} else {
 		fmt.Fprintf(w, "value (hex): %x\n", rec.Value)
 	}
 	if rec.State == idem.StateInterrupted {
 		fmt.Fprintln(w, "\nThe operation may or may not have taken effect. Check its real outcome,")
-		fmt.Fprintf(w, "then clear the key with: idem forget FILE %s\n", rec.Key)
+		fmt.Fprintf(w, "then clear the key with: idem forget FILE %q\n", rec.Key)
 	}
 	return nil
 }

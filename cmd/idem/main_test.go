@@ -63,10 +63,10 @@ func TestInspect(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 	assert.Contains(t, out, "1 key(s) were left in flight")
 	for _, want := range []string{
-		"order-101  completed ",
-		"order-102  completed (final error)",
-		"order-007  completed ",
-		"order-103  interrupted",
+		`"order-101"  completed `,
+		`"order-102"  completed (final error)`,
+		`"order-007"  completed `,
+		`"order-103"  interrupted`,
 		"never (waits for an operator)",
 		"expired",
 		"23h0m0s",
@@ -80,13 +80,13 @@ func TestShowForgetSweep(t *testing.T) {
 	path := fixture(t)
 	code, out, errs := runCmd("show", path, "order-101")
 	require.Equal(t, 0, code, errs)
-	assert.Contains(t, out, `value:       {"amount":450,"charge":1}`)
+	assert.Contains(t, out, `value:       "{\"amount\":450,\"charge\":1}"`)
 	code, out, _ = runCmd("show", path, "order-102")
 	require.Equal(t, 0, code)
-	assert.Contains(t, out, "final error: card declined")
+	assert.Contains(t, out, `final error: "card declined"`)
 	code, out, _ = runCmd("show", path, "order-103")
 	require.Equal(t, 0, code)
-	assert.Contains(t, out, "idem forget FILE order-103")
+	assert.Contains(t, out, `idem forget FILE "order-103"`)
 
 	code, out, errs = runCmd("forget", path, "order-103")
 	require.Equal(t, 0, code, errs)

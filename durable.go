@@ -22,7 +22,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		rec, claimed, err := b.Claim(ctx, claim, now)
 		switch {
 		case err != nil:
-			return val, fmt.Errorf("idem: claiming key in backend: %w", err), false
+			return val, &BackendError{Op: "claim", Err: err}, false
 		case claimed:
 			return s.runClaimed(ctx, claim, fn)
 		case rec.Fingerprint != fp:

@@ -194,7 +194,9 @@ func TestUnreachableBackend(t *testing.T) {
 	calls, fn := countingFn(order{})
 	_, err := s.RunOnce(context.Background(), "k", "p", fn)
 	assert.ErrorIs(t, err, down)
-	assert.Contains(t, err.Error(), "claiming key in backend")
+	var be *idem.BackendError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, "claim", be.Op)
 	assert.Zero(t, calls.Load(), "fn must not run without a durable claim")
 	assert.Zero(t, s.Len())
 	assert.ErrorIs(t, s.Forget(context.Background(), "k"), down)

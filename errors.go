@@ -107,3 +107,14 @@ func (e *NotRecordedError) Error() string {
 }
 
 func (e *NotRecordedError) Unwrap() error { return e.Err }
+
+// BackendError is returned when a Backend call fails: the backend is
+// unreachable, full or broken. Op names the call ("claim", "get", "forget",
+// "sweep"); for "claim", fn did not run and nothing was recorded.
+type BackendError struct {
+	Op  string
+	Err error
+}
+
+func (e *BackendError) Error() string { return "idem: backend " + e.Op + ": " + e.Err.Error() }
+func (e *BackendError) Unwrap() error { return e.Err }

@@ -18,8 +18,9 @@ const ReplayedHeader = "Idempotent-Replayed"
 
 // ParseKey reads an Idempotency-Key header value: the key as it is, or as an
 // RFC 8941 sf-string ("quoted", with \" and \\ escapes). Both forms of one
-// key mean the same key. The key must satisfy idem.CheckKey; any other value
-// is an error matching idem.ErrInvalidKey.
+// key mean the same key. The key must satisfy idem.CheckKey; any other value,
+// including an sf-string with parameters ("k";p=1), is an error matching
+// idem.ErrInvalidKey.
 func ParseKey(value string) (string, error) {
 	if !strings.HasPrefix(value, `"`) {
 		return value, idem.CheckKey(value)

@@ -56,7 +56,9 @@ type Options struct {
 
 	// StoredHeaders are the response headers remembered and replayed with
 	// the status and body. Set-Cookie, Authorization and hop-by-hop headers
-	// are never stored, even if listed. Nil means DefaultStoredHeaders.
+	// are never stored, even if listed. Nil means Content-Type,
+	// Content-Language, Content-Location, Location, ETag, Last-Modified and
+	// Link.
 	StoredHeaders []string
 
 	// MaxStoredBody bounds the response body remembered, in bytes. A larger
@@ -68,9 +70,10 @@ type Options struct {
 	// larger one is answered 413. Zero means 1 MiB.
 	MaxRequestBody int64
 
-	// FailOpen runs the handler unguarded when the store cannot be used (its
-	// backend is unreachable, say) instead of answering 503. It trades the
-	// guarantee for availability: a retry may then execute twice.
+	// FailOpen runs the handler unguarded when the store's backend cannot
+	// claim the key (it is unreachable, say) instead of answering 503. It
+	// trades the guarantee for availability: a retry may then execute
+	// twice. Other store failures are 503 all the same.
 	FailOpen bool
 
 	// Logger receives what cannot be told to the client: a handler panic, an
@@ -78,9 +81,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// DefaultStoredHeaders are the response headers remembered when
+// defaultStoredHeaders are the response headers remembered when
 // Options.StoredHeaders is nil.
-var DefaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Link"}
+var defaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Link"}
 
 const (
 	defaultRetryAfter     = time.Second
@@ -125,7 +128,7 @@ func Middleware(store *idem.Store[Response], opts Options) func(http.Handler) ht
 		g.methods[m] = true
 	}
 	if g.opts.StoredHeaders == nil {
-		g.opts.StoredHeaders = DefaultStoredHeaders
+		g.opts.StoredHeaders = defaultStoredHeaders
 	}
 	for _, h := range g.opts.StoredHeaders {
 		g.stored[http.CanonicalHeaderKey(h)] = true
@@ -152,7 +155,11 @@ func Middleware(store *idem.Store[Response], opts Options) func(http.Handler) ht
 
 // notStored carries a response that was delivered but may not be remembered
 // (a 5xx, a streamed or oversized body) to the requests that waited on it.
-type notStored struct{ resp Response }
+// complete is false when the recorder does not hold all of it.
+type notStored struct {
+	resp     Response
+	complete bool
+}
 
 func (e *notStored) Error() string {
 	return "idemhttp: response not remembered (status " + strconv.Itoa(e.resp.Status) + ")"
@@ -191,11 +198,12 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		return
 	}
 	// The handler gets a copy of the request with the body it would have
-	// read, under a context the client cannot cancel.
+	// read, under a context the client cannot cancel; Fingerprint gets one
+	// of its own, so reading the body there leaves the handler's whole.
 	ctx := context.WithoutCancel(r.Context())
-	req := r.WithContext(ctx)
-	req.Body = io.NopCloser(bytes.NewReader(body))
-	fp, err := g.opts.Fingerprint(req, body)
+	fpReq := r.WithContext(ctx)
+	fpReq.Body = io.NopCloser(bytes.NewReader(body))
+	fp, err := g.opts.Fingerprint(fpReq, body)
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, err.Error(), 0)
 		return
@@ -212,13 +220,19 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	// The context cannot end, so if this request claims the key its handler
 	// runs right here, writing straight to the client; a duplicate waits at
 	// most opts.Wait.
+	req := r.WithContext(ctx)
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	storeKey := key
+	if g.opts.Scope != nil {
+		storeKey = scopedKey(scope, key)
+	}
 	var rec *recorder // set if the handler runs for this request
-	resp, err := g.store.RunOnceWait(ctx, scopedKey(scope, key), fp[:], g.opts.Wait, func(ctx context.Context) (Response, error) {
+	resp, err := g.store.RunOnceWait(ctx, storeKey, fp[:], g.opts.Wait, func(ctx context.Context) (Response, error) {
 		rec = newRecorder(w, g.stored, g.opts.MaxStoredBody)
 		next.ServeHTTP(rec, req.WithContext(ctx))
 		resp, ok := rec.response()
 		if !ok {
-			return resp, &notStored{resp}
+			return resp, &notStored{resp, rec.complete()}
 		}
 		return resp, nil
 	})
@@ -241,9 +255,12 @@ func (g *guard) afterRun(w http.ResponseWriter, written bool, err error) {
 			panic(http.ErrAbortHandler) // the handler asked to abort the response
 		}
 		g.opts.Logger.Error("idemhttp: handler panicked; its key is released", "panic", pe.Value, "stack", string(pe.Stack))
-		if !written {
-			writeProblem(w, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0)
+		if written {
+			// Part of a response is out: abort it, as net/http would, so
+			// the client does not take it for a whole one.
+			panic(http.ErrAbortHandler)
 		}
+		writeProblem(w, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0)
 	case errors.As(err, &nr):
 		g.opts.Logger.Error("idemhttp: response delivered but not recorded; its key stays claimed", "err", err)
 	default:
@@ -261,8 +278,10 @@ func (g *guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 	switch {
 	case err == nil:
 		resp.write(w)
-	case errors.As(err, &ns):
+	case errors.As(err, &ns) && ns.complete:
 		ns.resp.write(w) // the shared execution's outcome, not kept for later
+	case errors.As(err, &ns):
+		writeProblem(w, http.StatusConflict, "The request with this Idempotency-Key streamed its response, which cannot be replayed; retry with the same key.", g.opts.RetryAfter)
 	case errors.As(err, &pe):
 		writeProblem(w, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0)
 	case errors.Is(err, idem.ErrPayloadMismatch):
@@ -270,10 +289,11 @@ func (g *guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 	case errors.Is(err, idem.ErrInProgress):
 		writeProblem(w, http.StatusConflict, "A request with this Idempotency-Key is still being processed; retry with the same key.", g.opts.RetryAfter)
 	case errors.Is(err, idem.ErrOutcomeUnknown):
-		writeProblem(w, http.StatusConflict, "A request with this Idempotency-Key was interrupted and its outcome is unknown; it needs an operator.", 0)
+		// Not 409: retrying cannot help until an operator reconciles the key.
+		writeProblem(w, http.StatusInternalServerError, "A request with this Idempotency-Key was interrupted and its outcome is unknown; it needs an operator.", 0)
 	case errors.Is(err, idem.ErrInvalidKey):
 		writeProblem(w, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0)
-	case g.opts.FailOpen && !errors.Is(err, idem.ErrFull):
+	case g.opts.FailOpen && isClaimFailure(err):
 		g.opts.Logger.Warn("idemhttp: store unavailable; running the handler unguarded (FailOpen)", "err", err)
 		next.ServeHTTP(w, req)
 	default:
@@ -282,14 +302,20 @@ func (g *guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 	}
 }
 
+// isClaimFailure reports whether err says the backend could not claim the
+// key, so that nothing ran and nothing was read: the one failure FailOpen
+// may step around.
+func isClaimFailure(err error) bool {
+	var be *idem.BackendError
+	return errors.As(err, &be) && be.Op == "claim"
+}
+
 // scopedKey joins scope and key into one store key that no other pair
-// produces: the scope's length, the scope, then the key. One that idem would
+// produces, the empty scope included: the scope's length, the scope, then
+// the key. One that idem would
 // not accept, being too long or holding control characters, is replaced by
 // its SHA-256.
 func scopedKey(scope, key string) string {
-	if scope == "" {
-		return key
-	}
 	k := strconv.Itoa(len(scope)) + ":" + scope + ":" + key
 	if idem.CheckKey(k) == nil {
 		return k

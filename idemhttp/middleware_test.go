@@ -120,8 +120,16 @@ func TestConcurrentRequestsOneKey(t *testing.T) {
 			results := make(chan result, requests)
 			for range requests {
 				go func() {
-					resp, body := post(t, client, srv.URL, "one-key", `{"order":101}`)
-					results <- result{resp.StatusCode, body, resp.Header.Get(idemhttp.ReplayedHeader), resp.Header.Get("Retry-After")}
+					req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"order":101}`))
+					req.Header.Set(idemhttp.Header, "one-key")
+					resp, err := client.Do(req)
+					if err != nil {
+						results <- result{status: -1, body: err.Error()}
+						return
+					}
+					defer resp.Body.Close()
+					body, _ := io.ReadAll(resp.Body)
+					results <- result{resp.StatusCode, string(body), resp.Header.Get(idemhttp.ReplayedHeader), resp.Header.Get("Retry-After")}
 				}()
 			}
 			// Hold the handler until every request has arrived (wait bound)
@@ -331,4 +339,109 @@ func TestFailingBackend(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestCredentialsNeverStoredEvenIfAllowed(t *testing.T) {
+	h := &charges{}
+	srv := serve(t, h, idemhttp.Options{StoredHeaders: []string{"Set-Cookie", "Authorization", "Connection", "Location"}})
+	post(t, srv.Client(), srv.URL, "k", "{}")
+	retry, _ := post(t, srv.Client(), srv.URL, "k", "{}")
+	assert.Equal(t, "true", retry.Header.Get(idemhttp.ReplayedHeader))
+	assert.Empty(t, retry.Header.Get("Set-Cookie"))
+	assert.Equal(t, "/charges/1", retry.Header.Get("Location"))
+}
+
+func TestWaitersOnAnUnstorableResponse(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var runs atomic.Int32
+	g := &gate{}
+	g.next = idemhttp.Middleware(newStore(t, idem.Options{}), idemhttp.Options{Wait: time.Minute, MaxStoredBody: 1024})(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			once.Do(func() { close(started) })
+			<-release
+			w.Write([]byte(strings.Repeat("x", 4096))) // too large to keep
+		}))
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	first := make(chan string, 1)
+	go func() {
+		_, body := post(t, srv.Client(), srv.URL, "k", "{}")
+		first <- body
+	}()
+	<-started
+	waiter := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+		req.Header.Set(idemhttp.Header, "k")
+		resp, err := srv.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		waiter <- resp
+	}()
+	for g.arrived.Load() < 2 {
+		yield()
+	}
+	close(release)
+	assert.Len(t, <-first, 4096)
+	resp := <-waiter
+	require.NotNil(t, resp)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode, "a waiter cannot be given a response nobody kept whole")
+}
+
+func TestPanicAfterWritingAbortsTheResponse(t *testing.T) {
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"partial":`))
+		http.NewResponseController(w).Flush()
+		panic("handler bug")
+	}), idemhttp.Options{})
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+	req.Header.Set(idemhttp.Header, "k")
+	resp, err := srv.Client().Do(req)
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	assert.Error(t, err, "the client must see a broken response, not a short success")
+}
+
+func TestImplicitOKKeepsHeaders(t *testing.T) {
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/x/1") // and returns without writing
+	}), idemhttp.Options{})
+	post(t, srv.Client(), srv.URL, "k", "{}")
+	retry, _ := post(t, srv.Client(), srv.URL, "k", "{}")
+	assert.Equal(t, http.StatusOK, retry.StatusCode)
+	assert.Equal(t, "/x/1", retry.Header.Get("Location"))
+}
+
+func TestFingerprintReadingBodyLeavesItForHandler(t *testing.T) {
+	var got string
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = string(b)
+	}), idemhttp.Options{Fingerprint: func(r *http.Request, body []byte) (idem.Fingerprint, error) {
+		_, _ = io.ReadAll(r.Body)
+		return idemhttp.RequestFingerprint(r, body)
+	}})
+	post(t, srv.Client(), srv.URL, "k", "the body")
+	assert.Equal(t, "the body", got)
+}
+
+// An empty scope is a scope too: it must not reach keys stored for others.
+func TestEmptyScopeCannotReachOthers(t *testing.T) {
+	h := &charges{}
+	srv := serve(t, h, idemhttp.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+	req.Header.Set(idemhttp.Header, "k")
+	req.Header.Set("X-Account", "alice")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	anon, _ := post(t, srv.Client(), srv.URL, "5:alice:k", "{}") // no X-Account
+	assert.Empty(t, anon.Header.Get(idemhttp.ReplayedHeader))
+	assert.Equal(t, int32(2), h.n.Load())
 }

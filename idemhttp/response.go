@@ -35,7 +35,7 @@ var neverStored = map[string]bool{
 
 // recorder passes a handler's response through to the client as it is
 // written, and keeps a copy to remember: the status, the allowed headers as
-// they stood when the status was written, and the body up to maxBody.
+// they stood when the response was sent, and the body up to maxBody.
 type recorder struct {
 	w       http.ResponseWriter
 	allowed map[string]bool // canonical header names to keep
@@ -61,6 +61,13 @@ func (r *recorder) WriteHeader(code int) {
 		return
 	}
 	r.resp.Status = code
+	r.keepHeaders()
+	r.w.WriteHeader(code)
+}
+
+// keepHeaders copies the allowed headers as they stand when the response is
+// sent.
+func (r *recorder) keepHeaders() {
 	for name, v := range r.w.Header() {
 		if r.allowed[name] && !neverStored[name] {
 			if r.resp.Header == nil {
@@ -69,7 +76,6 @@ func (r *recorder) WriteHeader(code int) {
 			r.resp.Header[name] = append([]string(nil), v...)
 		}
 	}
-	r.w.WriteHeader(code)
 }
 
 func (r *recorder) Write(p []byte) (int, error) {
@@ -104,20 +110,21 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // what the recorder does not handle itself.
 func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 
+// complete reports whether the recorder holds the whole response: it was
+// neither streamed nor larger than maxBody.
+func (r *recorder) complete() bool { return !r.oversized && !r.streamed }
+
 // response returns what the handler sent, and whether it may be remembered:
-// 2xx, 3xx and 4xx but 408, 409, 425 and 429, neither streamed nor larger
-// than maxBody.
+// 2xx, 3xx and 4xx but 408, 409, 425 and 429, complete.
 func (r *recorder) response() (Response, bool) {
+	if r.resp.Status == 0 && !r.streamed {
+		r.resp.Status = http.StatusOK // the handler wrote nothing: net/http sends 200
+		r.keepHeaders()
+	}
 	resp := r.resp
-	if resp.Status == 0 {
-		resp.Status = http.StatusOK // the handler wrote nothing: net/http sends 200
-	}
-	if resp.Body == nil {
-		resp.Body = []byte{}
-	}
 	switch resp.Status {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
 		return resp, false
 	}
-	return resp, resp.Status >= 200 && resp.Status < 500 && !r.oversized && !r.streamed
+	return resp, resp.Status >= 200 && resp.Status < 500 && r.complete()
 }

@@ -14,8 +14,9 @@ import (
 // outcomes that leave the result unknown or say "try again": a connection
 // error or timeout, and 409, 425, 429, 502, 503 and 504. It never retries
 // 400, 422 or any other answer. Between attempts it waits a capped, jittered
-// exponential backoff, at least what a Retry-After header asks, and gives up
-// when the request's context ends.
+// exponential backoff, at least what a Retry-After header asks, and gives up,
+// returning the last answer, when the wait would outlast the request's
+// context.
 //
 // The body is rewound with Request.GetBody (set by http.NewRequest for
 // common body types); a request whose body cannot be rewound is sent once.
@@ -70,18 +71,23 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	for attempt := 1; ; attempt++ {
 		r := req.Clone(req.Context())
 		r.Header.Set(Header, key)
-		if attempt > 1 {
+		if attempt > 1 && req.GetBody != nil {
 			body, err := req.GetBody()
 			if err != nil {
 				return nil, err
 			}
 			r.Body = body
+		} else if attempt > 1 {
+			r.Body = http.NoBody // the request had none
 		}
 		resp, err := base.RoundTrip(r)
 		if !retryable(resp, err) || attempt == maxAttempts || !rewindable || req.Context().Err() != nil {
 			return resp, err
 		}
 		wait := t.backoff(attempt, resp)
+		if deadline, ok := req.Context().Deadline(); ok && time.Until(deadline) < wait {
+			return resp, err // the context would end first: give the caller this answer
+		}
 		if resp != nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection can be reused
 			resp.Body.Close()

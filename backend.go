@@ -17,7 +17,8 @@ type RecordState uint8
 
 const (
 	// StatePending: the key is claimed and its owner has not yet recorded
-	// an outcome.
+	// an outcome. If its lease has lapsed (Record.Lapsed), the owner is gone
+	// and the record is treated as interrupted.
 	StatePending RecordState = iota + 1
 	// StateCompleted: a final outcome is recorded until ExpiresAt.
 	StateCompleted
@@ -47,6 +48,7 @@ type Record struct {
 	State       RecordState
 	CreatedAt   time.Time // when the key was claimed
 	ExpiresAt   time.Time // completed records: when the outcome may be forgotten; zero otherwise
+	LeaseUntil  time.Time // pending records: until when the owner's claim holds without renewal; zero for no lease
 
 	// Completed records only: the result encoded by the Store's Codec, and,
 	// for an outcome that is a final error, that error's message.
@@ -87,14 +89,20 @@ type Backend interface {
 	// changes nothing and returns an error matching ErrNotOwner.
 	Release(ctx context.Context, key, token string) error
 
+	// Renew sets the LeaseUntil of key's pending record to until, if its
+	// Token equals token. Otherwise it changes nothing and returns an error
+	// matching ErrNotOwner: the claim was lost.
+	Renew(ctx context.Context, key, token string, until time.Time) error
+
 	// Get returns key's record, and false if there is none. An expired
 	// record may still be returned until it is swept.
 	Get(ctx context.Context, key string) (Record, bool, error)
 
-	// Forget deletes key's record, completed or interrupted: the operator's
-	// reconciliation. A pending record is refused with an error matching
-	// ErrInProgress. An absent key is not an error.
-	Forget(ctx context.Context, key string) error
+	// Forget deletes key's record, completed or interrupted (or pending with
+	// a lease lapsed at now): the operator's reconciliation. A pending record
+	// whose lease holds is refused with an error matching ErrInProgress. An
+	// absent key is not an error.
+	Forget(ctx context.Context, key string, now time.Time) error
 
 	// Sweep deletes at most limit completed records that expired at now,
 	// oldest expiry first, and returns how many it deleted. Pending and

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 )
 
 // executeDurable claims key in the Backend and runs fn, or answers from the
@@ -16,22 +18,33 @@ import (
 // as the store lives, or this process would find the key pending forever.
 func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprint, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
 	b := s.opts.Backend
-	for retried := false; ; retried = true {
+	retried := false
+	for {
 		now := s.opts.Now()
-		claim := Record{Key: key, Fingerprint: fp, Token: newToken(), State: StatePending, CreatedAt: now}
+		claim := Record{Key: key, Fingerprint: fp, Token: newToken(), State: StatePending, CreatedAt: now, LeaseUntil: now.Add(s.opts.Lease)}
 		rec, claimed, err := b.Claim(ctx, claim, now)
 		switch {
 		case err != nil:
 			return val, &BackendError{Op: "claim", Err: err}, false
 		case claimed:
 			return s.runClaimed(ctx, claim, fn)
+		}
+		if rec.State == StatePending && !rec.Lapsed(now) {
+			// In flight through another store, most likely another process:
+			// wait for its outcome.
+			if rec, err = s.awaitSettled(ctx, key); err != nil {
+				return val, err, false
+			}
+			if rec.State == 0 {
+				continue // released: claim again
+			}
+		}
+		switch {
 		case rec.Fingerprint != fp:
 			return val, ErrPayloadMismatch, false
 		case rec.State == StateCompleted:
 			val, err = s.decode(rec)
 			return val, err, false
-		case rec.State == StatePending:
-			return val, fmt.Errorf("%w: claimed through another store", ErrInProgress), false
 		case !s.opts.RetryInterrupted || retried:
 			return val, ErrOutcomeUnknown, false
 		}
@@ -41,6 +54,44 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		if err := b.Release(ctx, key, rec.Token); err != nil && !errors.Is(err, ErrNotOwner) {
 			return val, fmt.Errorf("idem: releasing interrupted key in backend: %w", err), false
 		}
+		retried = true
+	}
+}
+
+// Polling bounds for a key in flight elsewhere: the first wait, and the most
+// any wait grows to.
+const (
+	pollMin = 5 * time.Millisecond
+	pollMax = 500 * time.Millisecond
+)
+
+// awaitSettled polls key's record, with a backoff, until it is no longer a
+// pending claim with a live lease, and returns it (State zero if the claim
+// was released). It gives up with ErrInProgress when the store closes or ctx
+// ends; the callers waiting on this execution leave on their own contexts.
+func (s *Store[R]) awaitSettled(ctx context.Context, key string) (Record, error) {
+	wait := pollMin
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+		case <-s.stop:
+			return Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
+		case <-ctx.Done():
+			return Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
+		}
+		rec, ok, err := s.opts.Backend.Get(ctx, key)
+		switch {
+		case err != nil:
+			return Record{}, &BackendError{Op: "get", Err: err}
+		case !ok:
+			return Record{}, nil
+		case rec.State != StatePending || rec.Lapsed(s.opts.Now()):
+			return rec, nil
+		}
+		wait = min(2*wait, pollMax)
+		timer.Reset(wait)
 	}
 }
 
@@ -51,6 +102,8 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
 	b := s.opts.Backend
 	record := context.WithoutCancel(ctx)
+	ctx, stopRenewing := s.renew(ctx, claim)
+	defer stopRenewing()
 	settled := false
 	defer func() {
 		if !settled { // fn called runtime.Goexit: it failed before commit
@@ -58,6 +111,7 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context
 		}
 	}()
 	val, err, returned := call(ctx, fn)
+	stopRenewing()
 	settled = true
 	if !returned || !isFinalOutcome(err) {
 		if rerr := b.Release(record, claim.Key, claim.Token); rerr != nil {
@@ -85,6 +139,48 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context
 		return val, errors.Join(err, &NotRecordedError{Err: rerr}), true
 	}
 	return val, err, false
+}
+
+// ErrLeaseLost is the cause of fn's context when the store finds that fn's
+// durable claim was lost: its lease lapsed and another owner took the key.
+// The outcome of such an fn is refused (ErrNotOwner).
+var ErrLeaseLost = errors.New("idem: lease lost: another owner holds the key")
+
+// renew keeps claim's lease alive while fn runs: every third of the lease it
+// extends it. If the claim turns out to be lost, it cancels the returned
+// context with ErrLeaseLost. stop ends the renewals and waits for one in
+// progress.
+func (s *Store[R]) renew(ctx context.Context, claim Record) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	every := s.opts.Lease / 3
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ticker := time.NewTicker(every)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ticker.C:
+			}
+			err := s.opts.Backend.Renew(context.WithoutCancel(ctx), claim.Key, claim.Token, s.opts.Now().Add(s.opts.Lease))
+			if errors.Is(err, ErrNotOwner) {
+				cancel(ErrLeaseLost)
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+			cancel(nil)
+		})
+	}
 }
 
 // decode turns a completed record back into the outcome it recorded. A final

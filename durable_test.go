@@ -228,13 +228,14 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 	assert.ErrorAs(t, err, &nr)
 	assert.Equal(t, int32(1), calls.Load(), "a key whose fn succeeded is never released")
 
+	assert.ErrorIs(t, s.Forget(ctx, "k"), idem.ErrInProgress, "its record is pending under a live lease, so it cannot be forgotten yet")
+	v, _ = s.RunOnce(ctx, "k", "p", fn)
+	assert.Equal(t, order{7, 7}, v, "a refused Forget leaves memory as it was")
+
 	clock.Advance(48 * time.Hour)
 	v, err = s.RunOnce(ctx, "k", "p", fn)
 	assert.Equal(t, order{7, 7}, v, "the unrecorded outcome is pinned: it does not expire while the store lives")
 	assert.ErrorAs(t, err, &nr)
-	assert.ErrorIs(t, s.Forget(ctx, "k"), idem.ErrInProgress, "its record is still pending, so it cannot be forgotten")
-	v, _ = s.RunOnce(ctx, "k", "p", fn)
-	assert.Equal(t, order{7, 7}, v, "a refused Forget leaves memory as it was")
 	assert.Equal(t, int32(1), calls.Load())
 
 	mem.Crash() // after a restart the key is interrupted, not free
@@ -317,4 +318,109 @@ func TestUnreleasedFailureIsPinned(t *testing.T) {
 	_, err = restarted.RunOnce(ctx, "k", "p", fn)
 	assert.ErrorIs(t, err, declined)
 	assert.Equal(t, int32(2), calls.Load())
+}
+
+// A key in flight through another store (another process, in production)
+// is waited for, and its outcome replayed, not run again.
+func TestWaitsForAnotherStore(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	a, other := durableStore(t, b, idem.Options{}), durableStore(t, b, idem.Options{})
+	started, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _ = a.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) {
+			close(started)
+			<-release
+			return order{1, 450}, nil
+		})
+	}()
+	<-started
+	calls, fn := countingFn(order{2, 2})
+	got := make(chan order, 1)
+	go func() {
+		v, err := other.RunOnce(context.Background(), "k", "p", fn)
+		assert.NoError(t, err)
+		got <- v
+	}()
+	close(release)
+	assert.Equal(t, order{1, 450}, <-got)
+	assert.Zero(t, calls.Load())
+
+	// A caller that cannot wait gives up with ErrInProgress.
+	started2, release2 := make(chan struct{}), make(chan struct{})
+	go func() {
+		_, _ = a.RunOnce(context.Background(), "k2", "p", func(context.Context) (order, error) {
+			close(started2)
+			<-release2
+			return order{}, nil
+		})
+	}()
+	<-started2
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := other.RunOnce(ctx, "k2", "p", fn)
+	assert.ErrorIs(t, err, idem.ErrInProgress)
+	close(release2)
+}
+
+// A claim whose lease ran out belongs to an owner that died: the key is
+// interrupted, and RetryInterrupted takes it over.
+func TestLapsedLeaseIsInterrupted(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	clock := &testClock{now: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)}
+	ctx := context.Background()
+	dead := idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead", State: idem.StatePending,
+		CreatedAt: clock.Now(), LeaseUntil: clock.Now().Add(30 * time.Second)}
+	_, _, err := b.Claim(ctx, dead, clock.Now())
+	require.NoError(t, err)
+	clock.Advance(time.Minute)
+
+	calls, fn := countingFn(order{5, 5})
+	s := durableStore(t, b, idem.Options{Now: clock.Now})
+	_, err = s.RunOnce(ctx, "k", "p", fn)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	retrying := durableStore(t, b, idem.Options{Now: clock.Now, RetryInterrupted: true})
+	v, err := retrying.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{5, 5}, v)
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// An owner whose claim was taken over (its lease lapsed while it stalled,
+// and another store re-ran the key) sees fn's context cancelled with
+// ErrLeaseLost, and its outcome is refused, not written over the new one.
+func TestLostLeaseIsFenced(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	ctx := context.Background()
+	var once sync.Once
+	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Renew" {
+			once.Do(func() { // the new owner takes over before the renewal lands
+				old, _, _ := mem.Get(ctx, "k")
+				require.NoError(t, mem.Release(ctx, "k", old.Token))
+				claim := old
+				claim.Token = "new-owner"
+				_, won, err := mem.Claim(ctx, claim, time.Now())
+				require.NoError(t, err)
+				require.True(t, won)
+				claim.State, claim.ExpiresAt, claim.Value = idem.StateCompleted, time.Now().Add(time.Hour), []byte(`{"ID":9,"Amount":9}`)
+				require.NoError(t, mem.Complete(ctx, claim))
+			})
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{Lease: 30 * time.Millisecond})
+	var cause error
+	_, err := s.RunOnce(ctx, "k", "p", func(ctx context.Context) (order, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return order{1, 1}, nil // the stale owner finishes all the same
+	})
+	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
+	var nr *idem.NotRecordedError
+	require.ErrorAs(t, err, &nr)
+	assert.ErrorIs(t, err, idem.ErrNotOwner, "the stale owner is told its outcome was refused")
+	rec, _, err := mem.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, "new-owner", rec.Token)
+	assert.Equal(t, `{"ID":9,"Amount":9}`, string(rec.Value), "the record keeps the new owner's outcome")
 }

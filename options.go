@@ -54,6 +54,13 @@ type Options struct {
 	// Codec turns results into bytes for the Backend. Nil means JSONCodec.
 	Codec Codec
 
+	// Lease is how long a durable claim holds without renewal. While fn
+	// runs, the store renews it every third of that; a claim whose lease
+	// lapsed, because its owner died or stalled, is interrupted, and an
+	// owner that finds its claim lost sees fn's context cancelled and its
+	// outcome refused. Zero means 30 seconds.
+	Lease time.Duration
+
 	// RetryInterrupted makes the store treat an interrupted key (claimed by
 	// an owner that stopped before recording an outcome) as failed before
 	// commit, and run fn again. Only for operations that are safe to repeat
@@ -69,6 +76,7 @@ type Options struct {
 const (
 	defaultTTL           = 24 * time.Hour
 	defaultSweepInterval = time.Minute
+	defaultLease         = 30 * time.Second
 )
 
 // withDefaults returns o with every zero field replaced by its default.
@@ -90,6 +98,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Fingerprint == nil {
 		o.Fingerprint = DefaultFingerprint
+	}
+	if o.Lease <= 0 {
+		o.Lease = defaultLease
 	}
 	if o.Codec == nil {
 		o.Codec = JSONCodec{}

@@ -11,7 +11,7 @@ import (
 
 // recordVersion is the first byte of every binary record; a new layout gets
 // a new version so that old files stay readable.
-const recordVersion = 1
+const recordVersion = 2 // 2 added LeaseUntil
 
 // MarshalBinary encodes r compactly, for backends that store records as
 // opaque values. UnmarshalBinary reads it back field for field; times come
@@ -21,7 +21,7 @@ func (r Record) MarshalBinary() ([]byte, error) {
 	if len(r.Key) > MaxKeyLen {
 		return nil, fmt.Errorf("%w: %d bytes", ErrInvalidKey, len(r.Key))
 	}
-	n := 1 + 1 + 1 + len(r.Key) + len(r.Fingerprint) + 1 + len(r.Token) + 8 + 8 + 1 +
+	n := 1 + 1 + 1 + len(r.Key) + len(r.Fingerprint) + 1 + len(r.Token) + 3*8 + 1 +
 		binary.MaxVarintLen64 + len(r.ErrMsg) + binary.MaxVarintLen64 + len(r.Value)
 	b := make([]byte, 0, n)
 	b = append(b, recordVersion, byte(r.State), byte(len(r.Key)))
@@ -34,6 +34,7 @@ func (r Record) MarshalBinary() ([]byte, error) {
 	b = append(b, r.Token...)
 	b = binary.BigEndian.AppendUint64(b, uint64(unixNano(r.CreatedAt)))
 	b = binary.BigEndian.AppendUint64(b, uint64(unixNano(r.ExpiresAt)))
+	b = binary.BigEndian.AppendUint64(b, uint64(unixNano(r.LeaseUntil)))
 	var failed byte
 	if r.Failed {
 		failed = 1
@@ -53,8 +54,9 @@ var errBadRecord = errors.New("idem: malformed record")
 // nothing in data: it is a copy.
 func (r *Record) UnmarshalBinary(data []byte) error {
 	d := decoder{b: data}
-	if v := d.byte(); v != recordVersion {
-		return fmt.Errorf("%w: version %d", errBadRecord, v)
+	version := d.byte()
+	if version < 1 || version > recordVersion {
+		return fmt.Errorf("%w: version %d", errBadRecord, version)
 	}
 	rec := Record{State: RecordState(d.byte())}
 	rec.Key = string(d.bytes(int(d.byte())))
@@ -62,6 +64,9 @@ func (r *Record) UnmarshalBinary(data []byte) error {
 	rec.Token = string(d.bytes(int(d.byte())))
 	rec.CreatedAt = fromUnixNano(int64(d.uint64()))
 	rec.ExpiresAt = fromUnixNano(int64(d.uint64()))
+	if version >= 2 {
+		rec.LeaseUntil = fromUnixNano(int64(d.uint64()))
+	}
 	rec.Failed = d.byte() == 1
 	rec.ErrMsg = string(d.bytes(d.uvarint()))
 	rec.Value = bytes.Clone(d.bytes(d.uvarint()))
@@ -145,4 +150,10 @@ func fromUnixNano(n int64) time.Time {
 // at now; a claim may then take its key over.
 func (r Record) Expired(now time.Time) bool {
 	return r.State == StateCompleted && !now.Before(r.ExpiresAt)
+}
+
+// Lapsed reports whether r is a pending record whose lease ran out at now:
+// its owner stopped renewing it, so it is as good as interrupted.
+func (r Record) Lapsed(now time.Time) bool {
+	return r.State == StatePending && !r.LeaseUntil.IsZero() && !now.Before(r.LeaseUntil)
 }

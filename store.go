@@ -229,7 +229,7 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	// The backend first: it refuses a record still pending, in flight here
 	// or left unsettled, and memory then keeps what it holds for that key.
 	if b := s.opts.Backend; b != nil {
-		if err := b.Forget(ctx, key); err != nil {
+		if err := b.Forget(ctx, key, s.opts.Now()); err != nil {
 			return fmt.Errorf("idem: forgetting key in backend: %w", err)
 		}
 	}

@@ -351,7 +351,23 @@ func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error
 	return rec, found, err
 }
 
-func (b *Backend) Forget(ctx context.Context, key string) error {
+func (b *Backend) Renew(ctx context.Context, key, token string, until time.Time) error {
+	k := []byte(key)
+	return b.write(ctx, func(tx *bbolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		claim, err := checkOwner(records, k, token)
+		if err != nil {
+			return err
+		}
+		if claim.State != idem.StatePending {
+			return fmt.Errorf("%w: key %q is %s", idem.ErrNotOwner, key, claim.State)
+		}
+		claim.LeaseUntil = until
+		return put(records, claim)
+	})
+}
+
+func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
@@ -363,10 +379,14 @@ func (b *Backend) Forget(ctx context.Context, key string) error {
 		if err != nil {
 			return records.Delete(k) // unreadable: the operator may still clear it
 		}
-		switch old.State {
-		case idem.StatePending:
+		switch {
+		case old.State == idem.StatePending && !old.Lapsed(now):
 			return fmt.Errorf("%w: key %q is claimed and not yet settled", idem.ErrInProgress, key)
-		case idem.StateCompleted:
+		case old.State == idem.StatePending:
+			if err := tx.Bucket(bucketPending).Delete(pendingKey(old)); err != nil {
+				return err
+			}
+		case old.State == idem.StateCompleted:
 			if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
 				return err
 			}

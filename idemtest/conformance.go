@@ -33,6 +33,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 		{"ClaimReturnsExisting", testClaimReturnsExisting},
 		{"CompleteChecksToken", testCompleteChecksToken},
 		{"ReleaseChecksToken", testReleaseChecksToken},
+		{"RenewChecksToken", testRenewChecksToken},
 		{"CompletedRecordExpires", testCompletedRecordExpires},
 		{"SweepSparesClaimOverExpired", testSweepSparesClaimOverExpired},
 		{"SweepDeletesExpiredOnly", testSweepDeletesExpiredOnly},
@@ -61,12 +62,14 @@ func pending(key string) idem.Record {
 		Token:       token(),
 		State:       idem.StatePending,
 		CreatedAt:   epoch,
+		LeaseUntil:  epoch.Add(time.Minute),
 	}
 }
 
 // completed returns claim's record completed with value, expiring after ttl.
 func completed(claim idem.Record, value string, ttl time.Duration) idem.Record {
 	claim.State = idem.StateCompleted
+	claim.LeaseUntil = time.Time{}
 	claim.ExpiresAt = claim.CreatedAt.Add(ttl)
 	claim.Value = []byte(value)
 	return claim
@@ -95,6 +98,7 @@ func assertSameRecord(t *testing.T, want, got idem.Record) {
 	assert.Equal(t, want.State, got.State, "State")
 	assert.True(t, want.CreatedAt.Truncate(time.Microsecond).Equal(got.CreatedAt), "CreatedAt: want %v, got %v", want.CreatedAt, got.CreatedAt)
 	assert.True(t, want.ExpiresAt.Truncate(time.Microsecond).Equal(got.ExpiresAt), "ExpiresAt: want %v, got %v", want.ExpiresAt, got.ExpiresAt)
+	assert.True(t, want.LeaseUntil.Truncate(time.Microsecond).Equal(got.LeaseUntil), "LeaseUntil: want %v, got %v", want.LeaseUntil, got.LeaseUntil)
 	assert.Equal(t, len(want.Value), len(got.Value), "len(Value)")
 	assert.True(t, string(want.Value) == string(got.Value), "Value differs")
 	assert.Equal(t, want.Failed, got.Failed, "Failed")
@@ -210,6 +214,25 @@ func testReleaseChecksToken(t *testing.T, b idem.Backend) {
 	assert.ErrorIs(t, b.Release(ctx, "absent", token()), idem.ErrNotOwner)
 }
 
+func testRenewChecksToken(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	claim := pending("k")
+	_, _, err := b.Claim(ctx, claim, epoch)
+	require.NoError(t, err)
+	later := epoch.Add(time.Hour)
+	assert.ErrorIs(t, b.Renew(ctx, "k", token(), later), idem.ErrNotOwner)
+	require.NoError(t, b.Renew(ctx, "k", claim.Token, later))
+	got, _, err := b.Get(ctx, "k")
+	require.NoError(t, err)
+	claim.LeaseUntil = later
+	assertSameRecord(t, claim, got)
+
+	done := completed(claim, "v", time.Hour)
+	require.NoError(t, b.Complete(ctx, done))
+	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, later), idem.ErrNotOwner, "a completed record has no lease to renew")
+	assert.ErrorIs(t, b.Renew(ctx, "absent", claim.Token, later), idem.ErrNotOwner)
+}
+
 func testCompletedRecordExpires(t *testing.T, b idem.Backend) {
 	ctx := context.Background()
 	claimAndComplete(t, b, "k", "v", time.Hour)
@@ -280,14 +303,14 @@ func testGetAndForget(t *testing.T, b idem.Backend) {
 	_, ok, err := b.Get(ctx, "absent")
 	require.NoError(t, err)
 	assert.False(t, ok)
-	assert.NoError(t, b.Forget(ctx, "absent"))
+	assert.NoError(t, b.Forget(ctx, "absent", epoch))
 
 	done := claimAndComplete(t, b, "done", "v", time.Hour)
 	got, ok, err := b.Get(ctx, "done")
 	require.NoError(t, err)
 	require.True(t, ok)
 	assertSameRecord(t, done, got)
-	require.NoError(t, b.Forget(ctx, "done"))
+	require.NoError(t, b.Forget(ctx, "done", epoch))
 	_, ok, err = b.Get(ctx, "done")
 	require.NoError(t, err)
 	assert.False(t, ok)
@@ -297,10 +320,14 @@ func testGetAndForget(t *testing.T, b idem.Backend) {
 
 	_, _, err = b.Claim(ctx, pending("busy"), epoch)
 	require.NoError(t, err)
-	assert.ErrorIs(t, b.Forget(ctx, "busy"), idem.ErrInProgress, "a pending record cannot be forgotten")
+	assert.ErrorIs(t, b.Forget(ctx, "busy", epoch), idem.ErrInProgress, "a pending record cannot be forgotten")
 	_, ok, err = b.Get(ctx, "busy")
 	require.NoError(t, err)
 	assert.True(t, ok)
+	require.NoError(t, b.Forget(ctx, "busy", epoch.Add(time.Hour)), "a claim whose lease lapsed can be forgotten")
+	_, ok, err = b.Get(ctx, "busy")
+	require.NoError(t, err)
+	assert.False(t, ok)
 }
 
 func testRecordsRoundTrip(t *testing.T, b idem.Backend) {

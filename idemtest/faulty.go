@@ -10,7 +10,7 @@ import (
 // Faulty wraps a Backend and fails the operations its Fail function picks,
 // before they reach the wrapped backend: an unreachable database, a full
 // disk. Fail is called with the operation's name ("Claim", "Complete",
-// "Release", "Get", "Forget", "Sweep"); a nil Fail, or a nil error from it,
+// "Release", "Renew", "Get", "Forget", "Sweep"); a nil Fail, or a nil error from it,
 // lets the call through. Fail must be safe for concurrent use.
 type Faulty struct {
 	idem.Backend
@@ -54,11 +54,18 @@ func (f Faulty) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	return f.Backend.Get(ctx, key)
 }
 
-func (f Faulty) Forget(ctx context.Context, key string) error {
+func (f Faulty) Renew(ctx context.Context, key, token string, until time.Time) error {
+	if err := f.fail("Renew"); err != nil {
+		return err
+	}
+	return f.Backend.Renew(ctx, key, token, until)
+}
+
+func (f Faulty) Forget(ctx context.Context, key string, now time.Time) error {
 	if err := f.fail("Forget"); err != nil {
 		return err
 	}
-	return f.Backend.Forget(ctx, key)
+	return f.Backend.Forget(ctx, key, now)
 }
 
 func (f Faulty) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {

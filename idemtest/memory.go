@@ -82,13 +82,28 @@ func (m *MemoryBackend) Get(ctx context.Context, key string) (idem.Record, bool,
 	return clone(rec), ok, nil
 }
 
-func (m *MemoryBackend) Forget(ctx context.Context, key string) error {
+func (m *MemoryBackend) Renew(ctx context.Context, key, token string, until time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.records[key].State == idem.StatePending {
+	rec, ok := m.records[key]
+	if !ok || rec.Token != token || rec.State != idem.StatePending {
+		return idem.ErrNotOwner
+	}
+	rec.LeaseUntil = until
+	m.records[key] = rec
+	return nil
+}
+
+func (m *MemoryBackend) Forget(ctx context.Context, key string, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rec := m.records[key]; rec.State == idem.StatePending && !rec.Lapsed(now) {
 		return idem.ErrInProgress
 	}
 	delete(m.records, key)

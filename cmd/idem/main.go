@@ -75,7 +75,7 @@ func command(cmd, path string, rest []string, w io.Writer, now time.Time) error 
 	case "show":
 		return show(ctx, b, rest[0], w, now)
 	case "forget":
-		if err := b.Forget(ctx, rest[0]); err != nil {
+		if err := b.Forget(ctx, rest[0], now); err != nil {
 			return err
 		}
 		fmt.Fprintf(w, "forgot %q: the next call with this key runs its operation again\n", rest[0])

@@ -1,0 +1,67 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// testPool connects to the database IDEM_POSTGRES_DSN names, or skips the
+// test when it is not set.
+func testPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	dsn := os.Getenv("IDEM_POSTGRES_DSN")
+	if dsn == "" {
+		t.Skip("IDEM_POSTGRES_DSN is not set: set it (e.g. postgres://postgres@127.0.0.1:5432/test) to run the PostgreSQL tests")
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// testBackend returns a Backend over a table of its own, dropped when the
+// test ends.
+func testBackend(t testing.TB, pool *pgxpool.Pool) (*Backend, string) {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	table := "idem_test_" + hex.EncodeToString(b[:])
+	be, err := New(context.Background(), pool, Options{Table: table})
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	return be, table
+}
+
+func TestConformance(t *testing.T) {
+	pool := testPool(t)
+	idemtest.Run(t, func(t *testing.T) idem.Backend {
+		b, _ := testBackend(t, pool)
+		return b
+	})
+}
+
+func TestSchemaFileMatchesNew(t *testing.T) {
+	normalize := func(s string) string {
+		var lines []string
+		for _, l := range strings.Split(s, "\n") {
+			if i := strings.Index(l, "--"); i >= 0 {
+				l = l[:i]
+			}
+			if l = strings.Join(strings.Fields(l), " "); l != "" {
+				lines = append(lines, l)
+			}
+		}
+		return strings.Join(lines, "\n")
+	}
+	assert.Equal(t, normalize(Schema), normalize(createSQL("idem_keys", "idem_keys_expiry")))
+}

@@ -45,8 +45,10 @@ func Run(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 	}
 }
 
-// epoch is the suite's clock: a fixed instant, to the microsecond.
-var epoch = time.Date(2026, 11, 30, 9, 0, 0, 123456000, time.UTC)
+// epoch is the suite's "now": the time the suite started, so that backends
+// that also expire records by the real clock (Redis TTLs) see the suite's
+// times as future ones, to the millisecond, the precision of Redis TTLs.
+var epoch = time.Now().UTC().Truncate(time.Millisecond)
 
 func token() string {
 	var b [16]byte

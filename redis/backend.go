@@ -1,0 +1,267 @@
+// Package redis is an idem.Backend in Redis, shared by every process and
+// machine that uses the same Redis (single node, Sentinel or Cluster, through
+// redis.UniversalClient).
+//
+// Each key's record is one Redis string, prefixed with the fields the Lua
+// scripts compare: "state|lease|token|" and then the binary record. A claim
+// is a SET NX inside a script that also returns the standing record;
+// Complete, Release, Renew and Forget are scripts that compare the token, so
+// a stale owner can never write over a newer claim. Every script touches one
+// key, so all of them work on Redis Cluster.
+//
+// A completed record is given a Redis TTL at its expiry, so Redis removes it
+// itself; a pending or interrupted record has none, since it must outlive a
+// dead owner until an operator clears it. Sweep only tidies the expiry index.
+//
+// Durability: Redis acknowledges a write before it reaches disk unless told
+// otherwise. The guarantee that a claim survives a Redis restart needs
+// appendonly yes with appendfsync always (or WAIT for replicas); with
+// everysec a crash can lose the last second of claims and outcomes, and a
+// lost claim lets a retry run again.
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem"
+)
+
+// Options configure a Backend. The zero value is ready to use.
+type Options struct {
+	// Prefix starts every Redis key the backend writes. Empty means "idem:".
+	Prefix string
+}
+
+// Backend is an idem.Backend over Redis. It is safe for concurrent use by
+// many goroutines and processes.
+type Backend struct {
+	rdb    redis.UniversalClient
+	prefix string
+	index  string // sorted set of completed keys by expiry, for Sweep
+}
+
+var _ idem.Backend = (*Backend)(nil)
+
+// New returns a Backend over rdb. The caller keeps ownership of rdb.
+func New(rdb redis.UniversalClient, opts Options) *Backend {
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = "idem:"
+	}
+	return &Backend{rdb: rdb, prefix: prefix, index: prefix + "expiry"}
+}
+
+func (b *Backend) key(k string) string { return b.prefix + "k:" + k }
+
+// encode writes rec as the header the scripts read, then the record.
+func encode(rec idem.Record) (string, error) {
+	blob, err := rec.MarshalBinary()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d|%d|%s|", rec.State, millis(rec.LeaseUntil), rec.Token) + string(blob), nil
+}
+
+func decode(key, v string) (idem.Record, error) {
+	var rec idem.Record
+	i := 0
+	for n := 0; n < 3; n++ { // skip the header's three fields
+		j := strings.IndexByte(v[i:], '|')
+		if j < 0 {
+			return rec, fmt.Errorf("redis: record %q has no header", key)
+		}
+		i += j + 1
+	}
+	if err := rec.UnmarshalBinary([]byte(v[i:])); err != nil {
+		return rec, fmt.Errorf("redis: record %q: %w", key, err)
+	}
+	return rec, nil
+}
+
+// millis is t in Unix milliseconds, 0 for the zero Time.
+func millis(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// The scripts. A record's header is "state|lease|token|".
+var (
+	// KEYS[1] key; ARGV[1] new record, ARGV[2] now (ms). Claims the key if
+	// it is free or its record completed and expired; else returns it.
+	claimScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  local st = string.sub(v, 1, 1)
+  local expires = tonumber(redis.call('PEXPIRETIME', KEYS[1]))
+  if not (st == '2' and expires > 0 and expires <= tonumber(ARGV[2])) then
+    return v
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return false`)
+
+	// KEYS[1] key; ARGV[1] token, ARGV[2] new record, ARGV[3] expiry (ms).
+	completeScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local st, _, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
+if tok ~= ARGV[1] or st == '2' then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PXAT', ARGV[3])
+return 1`)
+
+	// KEYS[1] key; ARGV[1] token.
+	releaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local st, _, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
+if tok ~= ARGV[1] or st == '2' then return 0 end
+redis.call('DEL', KEYS[1])
+return 1`)
+
+	// KEYS[1] key; ARGV[1] token, ARGV[2] record with the new lease.
+	renewScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local st, _, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
+if tok ~= ARGV[1] or st ~= '1' then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+return 1`)
+
+	// KEYS[1] key; ARGV[1] now (ms). Refuses a pending record whose lease
+	// holds.
+	forgetScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 1 end
+local st, lease = string.match(v, '^(%d)|(%d*)|')
+if st == '1' and (lease == '0' or tonumber(lease) > tonumber(ARGV[1])) then return 0 end
+redis.call('DEL', KEYS[1])
+return 1`)
+
+	// KEYS[1] key; ARGV[1] now (ms). Deletes a completed, expired record.
+	sweepScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if string.sub(v, 1, 2) ~= '2|' then return 0 end
+local expires = tonumber(redis.call('PEXPIRETIME', KEYS[1]))
+if expires > tonumber(ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1])
+return 1`)
+)
+
+func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
+	enc, err := encode(rec)
+	if err != nil {
+		return idem.Record{}, false, err
+	}
+	v, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, enc, now.UnixMilli()).Text()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return rec, true, nil
+	case err != nil:
+		return idem.Record{}, false, err
+	}
+	old, err := decode(rec.Key, v)
+	return old, false, err
+}
+
+func (b *Backend) Complete(ctx context.Context, rec idem.Record) error {
+	enc, err := encode(rec)
+	if err != nil {
+		return err
+	}
+	n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, enc, rec.ExpiresAt.UnixMilli()).Int()
+	if err := owned(n, err, rec.Key); err != nil {
+		return err
+	}
+	// The index only speeds Sweep up; Redis expires the record by itself.
+	return b.rdb.ZAdd(ctx, b.index, redis.Z{Score: float64(rec.ExpiresAt.UnixMilli()), Member: rec.Key}).Err()
+}
+
+func (b *Backend) Release(ctx context.Context, key, token string) error {
+	n, err := releaseScript.Run(ctx, b.rdb, []string{b.key(key)}, token).Int()
+	return owned(n, err, key)
+}
+
+func (b *Backend) Renew(ctx context.Context, key, token string, until time.Time) error {
+	rec, ok, err := b.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if !ok || rec.Token != token {
+		return fmt.Errorf("%w: key %q", idem.ErrNotOwner, key)
+	}
+	rec.LeaseUntil = until
+	enc, err := encode(rec)
+	if err != nil {
+		return err
+	}
+	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, enc).Int()
+	return owned(n, err, key)
+}
+
+// owned turns a script that found the claim not held by the token into
+// ErrNotOwner.
+func owned(n int, err error, key string) error {
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return fmt.Errorf("%w: key %q", idem.ErrNotOwner, key)
+	}
+	return nil
+}
+
+func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+	v, err := b.rdb.Get(ctx, b.key(key)).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return idem.Record{}, false, nil
+	case err != nil:
+		return idem.Record{}, false, err
+	}
+	rec, err := decode(key, v)
+	return rec, err == nil, err
+}
+
+func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
+	n, err := forgetScript.Run(ctx, b.rdb, []string{b.key(key)}, now.UnixMilli()).Int()
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return fmt.Errorf("%w: key %q is claimed and its lease holds", idem.ErrInProgress, key)
+	}
+	return b.rdb.ZRem(ctx, b.index, key).Err()
+}
+
+// Sweep deletes completed records that expired at now, soonest first, and
+// tidies the expiry index. Redis expires records by itself at their expiry;
+// Sweep matters when now runs ahead of Redis's clock, and for the index.
+func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	keys, err := b.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
+		Key: b.index, Start: "-inf", Stop: strconv.FormatInt(now.UnixMilli(), 10), ByScore: true, Count: int64(limit),
+	}).Result()
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	for _, k := range keys {
+		n, err := sweepScript.Run(ctx, b.rdb, []string{b.key(k)}, now.UnixMilli()).Int()
+		if err != nil {
+			return deleted, err
+		}
+		deleted += n
+		if err := b.rdb.ZRem(ctx, b.index, k).Err(); err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}

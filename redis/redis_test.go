@@ -1,0 +1,50 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/require"
+)
+
+// testClient connects to the Redis IDEM_REDIS_ADDR names, or skips the test
+// when it is not set.
+func testClient(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	addr := os.Getenv("IDEM_REDIS_ADDR")
+	if addr == "" {
+		t.Skip("IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to run the Redis tests")
+	}
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}})
+	require.NoError(t, rdb.Ping(context.Background()).Err())
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// testBackend returns a Backend under a prefix of its own, whose keys are
+// deleted when the test ends.
+func testBackend(t testing.TB, rdb redis.UniversalClient) *Backend {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "idemtest:" + hex.EncodeToString(b[:]) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	})
+	return New(rdb, Options{Prefix: prefix})
+}
+
+func TestConformance(t *testing.T) {
+	rdb := testClient(t)
+	idemtest.Run(t, func(t *testing.T) idem.Backend { return testBackend(t, rdb) })
+}

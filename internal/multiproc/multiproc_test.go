@@ -1,0 +1,166 @@
+package multiproc
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/postgres"
+	"github.com/seed094d4201/idem/redis"
+	"github.com/stretchr/testify/require"
+)
+
+// The child process is this test binary started with childEnv set: it
+// reads its settings from the environment, says "ready", waits for a line
+// on stdin, then requests every key, and exits.
+const (
+	childEnv   = "IDEM_MULTIPROC_CHILD" // the backend: "postgres" or "redis"
+	tableEnv   = "IDEM_MULTIPROC_TABLE" // the backend's table or key prefix
+	effectsEnv = "IDEM_MULTIPROC_EFFECTS"
+	keysEnv    = "IDEM_MULTIPROC_KEYS"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		if err := child(); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// child runs one process's share of the race: every key, from 16
+// goroutines, each side effect an INSERT into the effects table.
+func child() error {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var backend idem.Backend
+	switch os.Getenv(childEnv) {
+	case "postgres":
+		if backend, err = postgres.New(ctx, pool, postgres.Options{Table: os.Getenv(tableEnv)}); err != nil {
+			return err
+		}
+	case "redis":
+		rdb := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}, PoolSize: 32})
+		defer rdb.Close()
+		backend = redis.New(rdb, redis.Options{Prefix: os.Getenv(tableEnv)})
+	}
+	store := idem.New[int](idem.Options{Backend: backend})
+	defer store.Close()
+	keys, _ := strconv.Atoi(os.Getenv(keysEnv))
+	effects := os.Getenv(effectsEnv)
+	pid := os.Getpid()
+
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	next := make(chan int)
+	go func() {
+		for k := range keys {
+			next <- k
+		}
+		close(next)
+	}()
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range next {
+				key := fmt.Sprintf("key-%05d", k)
+				_, err := store.RunOnce(ctx, key, k, func(ctx context.Context) (int, error) {
+					_, err := pool.Exec(ctx, "INSERT INTO "+effects+" (key, pid) VALUES ($1, $2)", key, pid)
+					return pid, err
+				})
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", key, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// TestRaceAcrossProcesses: 4 processes request the same 2,000 keys at once;
+// every key's side effect happens exactly once.
+func TestRaceAcrossProcesses(t *testing.T) {
+	dsn := os.Getenv("IDEM_POSTGRES_DSN")
+	if dsn == "" {
+		t.Skip("IDEM_POSTGRES_DSN is not set: the side effects are counted in PostgreSQL")
+	}
+	for _, kind := range []string{"postgres", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
+				t.Skip("IDEM_REDIS_ADDR is not set")
+			}
+			const processes, keys = 4, 2000
+			ctx := context.Background()
+			pool, err := pgxpool.New(ctx, dsn)
+			require.NoError(t, err)
+			defer pool.Close()
+			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+			effects, table := "idem_effects_"+suffix, "idem_race_"+suffix
+			_, err = pool.Exec(ctx, "CREATE TABLE "+effects+" (key text NOT NULL, pid int NOT NULL)")
+			require.NoError(t, err)
+			defer pool.Exec(ctx, "DROP TABLE IF EXISTS "+effects+", "+table)
+			if kind == "redis" {
+				table = "idemrace:" + suffix + ":"
+			}
+
+			var children []*exec.Cmd
+			var starts []*bufio.Writer
+			var stdins []interface{ Close() error }
+			for range processes {
+				cmd := exec.Command(os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), childEnv+"="+kind, tableEnv+"="+table, effectsEnv+"="+effects, keysEnv+"="+strconv.Itoa(keys))
+				cmd.Stderr = os.Stderr
+				in, err := cmd.StdinPipe()
+				require.NoError(t, err)
+				out, err := cmd.StdoutPipe()
+				require.NoError(t, err)
+				require.NoError(t, cmd.Start())
+				line, err := bufio.NewReader(out).ReadString('\n')
+				require.NoError(t, err)
+				require.Equal(t, "ready\n", line)
+				children = append(children, cmd)
+				starts = append(starts, bufio.NewWriter(in))
+				stdins = append(stdins, in)
+			}
+			for i, w := range starts { // all at once
+				fmt.Fprintln(w, "go")
+				require.NoError(t, w.Flush())
+				stdins[i].Close()
+			}
+			for _, cmd := range children {
+				require.NoError(t, cmd.Wait(), "a child process failed")
+			}
+
+			var total, distinct, worst int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT key) FROM "+effects).Scan(&total, &distinct))
+			require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM "+effects+" GROUP BY key) g").Scan(&worst))
+			require.Equal(t, keys, distinct, "every key's side effect happened")
+			require.Equal(t, 1, worst, "a key's side effect happened more than once")
+			require.Equal(t, keys, total)
+		})
+	}
+}

@@ -27,7 +27,11 @@ const (
 	tableEnv   = "IDEM_MULTIPROC_TABLE" // the backend's table or key prefix
 	effectsEnv = "IDEM_MULTIPROC_EFFECTS"
 	keysEnv    = "IDEM_MULTIPROC_KEYS"
+	holdEnv    = "IDEM_MULTIPROC_HOLD" // set: claim this key, say "ready" inside fn, and block there
 )
+
+// holdLease is the lease of the claim a "hold" child takes.
+const holdLease = 3 * time.Second
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
@@ -49,16 +53,18 @@ func child() error {
 		return err
 	}
 	defer pool.Close()
-	var backend idem.Backend
-	switch os.Getenv(childEnv) {
-	case "postgres":
-		if backend, err = postgres.New(ctx, pool, postgres.Options{Table: os.Getenv(tableEnv)}); err != nil {
-			return err
-		}
-	case "redis":
-		rdb := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}, PoolSize: 32})
-		defer rdb.Close()
-		backend = redis.New(rdb, redis.Options{Prefix: os.Getenv(tableEnv)})
+	backend, closeBackend, err := open(ctx, os.Getenv(childEnv), pool, os.Getenv(tableEnv))
+	if err != nil {
+		return err
+	}
+	defer closeBackend()
+	if key := os.Getenv(holdEnv); key != "" {
+		store := idem.New[int](idem.Options{Backend: backend, Lease: holdLease})
+		_, err := store.RunOnce(ctx, key, "p", func(context.Context) (int, error) {
+			fmt.Println("ready")
+			select {} // until SIGKILL
+		})
+		return err
 	}
 	store := idem.New[int](idem.Options{Backend: backend})
 	defer store.Close()
@@ -99,6 +105,17 @@ func child() error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// open returns the backend of kind ("postgres" or "redis") under name (a
+// table, or a key prefix), and a func that closes what it opened.
+func open(ctx context.Context, kind string, pool *pgxpool.Pool, name string) (idem.Backend, func(), error) {
+	if kind == "postgres" {
+		b, err := postgres.New(ctx, pool, postgres.Options{Table: name})
+		return b, func() {}, err
+	}
+	rdb := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}, PoolSize: 32})
+	return redis.New(rdb, redis.Options{Prefix: name}), func() { rdb.Close() }, nil
 }
 
 // TestRaceAcrossProcesses: 4 processes request the same 2,000 keys at once;

@@ -1,0 +1,161 @@
+package multiproc
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// eachBackend runs test against a fresh postgres table and a fresh redis
+// prefix, skipping those whose service is not configured.
+func eachBackend(t *testing.T, test func(t *testing.T, kind, name string, b idem.Backend)) {
+	dsn := os.Getenv("IDEM_POSTGRES_DSN")
+	if dsn == "" {
+		t.Skip("IDEM_POSTGRES_DSN is not set")
+	}
+	for _, kind := range []string{"postgres", "redis"} {
+		t.Run(kind, func(t *testing.T) {
+			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
+				t.Skip("IDEM_REDIS_ADDR is not set")
+			}
+			ctx := context.Background()
+			pool, err := pgxpool.New(ctx, dsn)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+			name := "idem_lease_" + suffix
+			if kind == "redis" {
+				name = "idemlease:" + suffix + ":"
+			} else {
+				t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+name) })
+			}
+			b, closeBackend, err := open(ctx, kind, pool, name)
+			require.NoError(t, err)
+			t.Cleanup(closeBackend)
+			test(t, kind, name, b)
+		})
+	}
+}
+
+// A process that dies holding a claim: until its lease runs out others are
+// told the key is in progress; after, its outcome is unknown; and with
+// RetryInterrupted exactly one of many processes runs it again.
+func TestKilledOwner(t *testing.T) {
+	eachBackend(t, func(t *testing.T, kind, name string, b idem.Backend) {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k")
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		line, err := bufio.NewReader(out).ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "ready\n", line, "the child holds the claim inside fn")
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		_ = cmd.Wait()
+
+		ctx := context.Background()
+		var runs atomic.Int32
+		fn := func(context.Context) (int, error) { runs.Add(1); return 7, nil }
+		s := idem.New[int](idem.Options{Backend: b})
+		defer s.Close()
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_, err = s.RunOnce(short, "k", "p", fn)
+		cancel()
+		assert.ErrorIs(t, err, idem.ErrInProgress, "the dead owner's lease still holds")
+
+		// Wait, by the clock, for the lease to run out.
+		for {
+			rec, _, err := b.Get(ctx, "k")
+			require.NoError(t, err)
+			if rec.Lapsed(time.Now()) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		_, err = s.RunOnce(ctx, "k", "p", fn)
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		assert.Zero(t, runs.Load())
+
+		// Four stores, as four processes would, retry it at once.
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 4 {
+			r := idem.New[int](idem.Options{Backend: b, RetryInterrupted: true})
+			defer r.Close()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				v, err := r.RunOnce(ctx, "k", "p", fn)
+				assert.NoError(t, err)
+				assert.Equal(t, 7, v)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		assert.Equal(t, int32(1), runs.Load(), "exactly one process re-executes")
+	})
+}
+
+// An owner that stalls past its lease (its renewals do not get through)
+// loses the key to another store, and cannot then complete over the new
+// owner's outcome.
+func TestStalledOwnerIsFenced(t *testing.T) {
+	eachBackend(t, func(t *testing.T, kind, name string, b idem.Backend) {
+		ctx := context.Background()
+		stalled := idemtest.Faulty{Backend: b, Fail: func(op string) error {
+			if op == "Renew" {
+				return errors.New("network partition")
+			}
+			return nil
+		}}
+		old := idem.New[int](idem.Options{Backend: stalled, Lease: 300 * time.Millisecond})
+		defer old.Close()
+		inFn, resume := make(chan struct{}), make(chan struct{})
+		result := make(chan error, 1)
+		go func() {
+			_, err := old.RunOnce(ctx, "k", "p", func(context.Context) (int, error) {
+				close(inFn)
+				<-resume
+				return 1, nil
+			})
+			result <- err
+		}()
+		<-inFn
+		for { // until the stalled owner's lease has run out
+			rec, _, err := b.Get(ctx, "k")
+			require.NoError(t, err)
+			if rec.Lapsed(time.Now()) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		fresh := idem.New[int](idem.Options{Backend: b, RetryInterrupted: true})
+		defer fresh.Close()
+		v, err := fresh.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 2, nil })
+		require.NoError(t, err)
+		assert.Equal(t, 2, v)
+
+		close(resume)
+		err = <-result
+		assert.ErrorIs(t, err, idem.ErrNotOwner, "the stalled owner is told its outcome was refused")
+		v, err = fresh.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 3, nil })
+		require.NoError(t, err)
+		assert.Equal(t, 2, v, "the record keeps the new owner's outcome")
+	})
+}

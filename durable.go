@@ -124,12 +124,9 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context
 	}
 
 	done := claim
-	done.State, done.ExpiresAt = StateCompleted, s.opts.Now().Add(s.opts.TTL)
-	if err != nil {
-		done.Failed, done.ErrMsg = true, err.Error()
-	}
-	var rerr error
-	if done.Value, rerr = s.opts.Codec.Marshal(val); rerr == nil {
+	done.State, done.ExpiresAt, done.LeaseUntil = StateCompleted, s.opts.Now().Add(s.opts.TTL), time.Time{}
+	rerr := s.Encode(&done, val, err)
+	if rerr == nil {
 		rerr = b.Complete(record, done)
 	}
 	if rerr != nil {
@@ -181,6 +178,27 @@ func (s *Store[R]) renew(ctx context.Context, claim Record) (_ context.Context, 
 			cancel(nil)
 		})
 	}
+}
+
+// Options returns the options the store runs with, defaults applied.
+func (s *Store[R]) Options() Options { return s.opts }
+
+// Decode returns the outcome a completed record holds, decoded with the
+// store's Codec: the result, and for a final error an error with its
+// message that IsFinal recognises. Backends with modes of their own (such as
+// postgres.RunOnceTx) use it to replay what they find.
+func (s *Store[R]) Decode(rec Record) (R, error) { return s.decode(rec) }
+
+// Encode fills the outcome fields of a completed record (Value, Failed,
+// ErrMsg) from fn's result and final error, with the store's Codec.
+func (s *Store[R]) Encode(rec *Record, val R, err error) error {
+	rec.Failed, rec.ErrMsg = err != nil, ""
+	if err != nil {
+		rec.ErrMsg = err.Error()
+	}
+	var merr error
+	rec.Value, merr = s.opts.Codec.Marshal(val)
+	return merr
 }
 
 // decode turns a completed record back into the outcome it recorded. A final

@@ -13,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/postgres"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -157,5 +159,56 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 		v, err = fresh.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 3, nil })
 		require.NoError(t, err)
 		assert.Equal(t, 2, v, "the record keeps the new owner's outcome")
+	})
+}
+
+// A process killed inside postgres.RunOnceTx leaves neither its write nor
+// the key: the transaction dies with it.
+func TestKilledTransaction(t *testing.T) {
+	dsn := os.Getenv("IDEM_POSTGRES_DSN")
+	if dsn == "" {
+		t.Skip("IDEM_POSTGRES_DSN is not set")
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	table, effects := "idem_tx_"+suffix, "idem_tx_effects_"+suffix
+	_, err = pool.Exec(ctx, "CREATE TABLE "+effects+" (key text NOT NULL, pid int NOT NULL)")
+	require.NoError(t, err)
+	defer pool.Exec(ctx, "DROP TABLE IF EXISTS "+effects+", "+table)
+	b, _, err := open(ctx, "postgres", pool, table)
+	require.NoError(t, err)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=postgres", tableEnv+"="+table, effectsEnv+"="+effects, holdEnv+"=k", txEnv+"=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "ready\n", line, "the child has written and holds the transaction open")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+
+	// The server rolls the transaction back when the connection drops; a
+	// claim of the key waits on its row lock until then.
+	s := idem.New[int](idem.Options{Backend: b})
+	defer s.Close()
+	v, err := postgresRunOnceTx(ctx, s, effects)
+	require.NoError(t, err)
+	assert.Equal(t, 1, v, "the key was free: this call ran")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
+	assert.Equal(t, 1, n, "only this call's write: the killed one left none")
+}
+
+// postgresRunOnceTx runs key "k" transactionally, writing one effect.
+func postgresRunOnceTx(ctx context.Context, s *idem.Store[int], effects string) (int, error) {
+	return postgres.RunOnceTx(ctx, s, "k", "p", func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, "INSERT INTO "+effects+" (key, pid) VALUES ('k', 0)")
+		return 1, err
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
@@ -28,6 +29,7 @@ const (
 	effectsEnv = "IDEM_MULTIPROC_EFFECTS"
 	keysEnv    = "IDEM_MULTIPROC_KEYS"
 	holdEnv    = "IDEM_MULTIPROC_HOLD" // set: claim this key, say "ready" inside fn, and block there
+	txEnv      = "IDEM_MULTIPROC_TX"   // with holdEnv: hold the key inside postgres.RunOnceTx, after a write to the effects table
 )
 
 // holdLease is the lease of the claim a "hold" child takes.
@@ -58,6 +60,17 @@ func child() error {
 		return err
 	}
 	defer closeBackend()
+	if key := os.Getenv(holdEnv); key != "" && os.Getenv(txEnv) != "" {
+		store := idem.New[int](idem.Options{Backend: backend})
+		_, err := postgres.RunOnceTx(ctx, store, key, "p", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+os.Getenv(effectsEnv)+" (key, pid) VALUES ($1, $2)", key, os.Getpid()); err != nil {
+				return 0, err
+			}
+			fmt.Println("ready")
+			select {} // until SIGKILL
+		})
+		return err
+	}
 	if key := os.Getenv(holdEnv); key != "" {
 		store := idem.New[int](idem.Options{Backend: backend, Lease: holdLease})
 		_, err := store.RunOnce(ctx, key, "p", func(context.Context) (int, error) {

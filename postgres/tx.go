@@ -1,0 +1,132 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/seed094d4201/idem"
+)
+
+// RunOnceTx is the transactional mode, the second seed article's
+// charge_once: it runs fn at most once for key, with the key's record, fn's
+// own writes (through tx) and the outcome committed in one transaction. A
+// crash, an error from fn or a panic rolls all of it back, so there is never
+// a key without its writes, nor writes without their key; only a success, or
+// an error marked idem.Final, commits (a final error commits the key and its
+// error, but rolls fn's writes back).
+//
+// A concurrent duplicate blocks on the table's primary key until the first
+// transaction ends, then replays its outcome, or runs fn itself if the first
+// rolled back. A key reused with another payload is idem.ErrPayloadMismatch;
+// a key held by an ordinary, non-transactional RunOnce is idem.ErrInProgress
+// or, if its lease lapsed, idem.ErrOutcomeUnknown.
+//
+// store supplies the fingerprint, codec, TTL and clock; its Backend must be
+// a *Backend, whose table holds the key. fn must do its writes through tx,
+// and must not commit or roll it back.
+func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx pgx.Tx) (R, error)) (R, error) {
+	var zero R
+	opts := store.Options()
+	b, ok := opts.Backend.(*Backend)
+	switch {
+	case !ok:
+		return zero, fmt.Errorf("postgres: RunOnceTx needs a store whose Backend is a *postgres.Backend, not %T", opts.Backend)
+	case fn == nil:
+		return zero, errors.New("postgres: RunOnceTx with a nil fn")
+	}
+	if err := idem.CheckKey(key); err != nil {
+		return zero, err
+	}
+	fp, err := opts.Fingerprint(payload)
+	if err != nil {
+		return zero, err
+	}
+
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return zero, &idem.BackendError{Op: "claim", Err: err}
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
+
+	now := opts.Now()
+	claim := idem.Record{Key: key, Fingerprint: fp, Token: "tx", State: idem.StatePending, CreatedAt: now}
+	rows, err := tx.Query(ctx, b.q.claim, key, fp[:], claim.Token, now, nil, now)
+	if err != nil {
+		return zero, &idem.BackendError{Op: "claim", Err: err}
+	}
+	var won bool
+	rec, found, err := scanOne(rows, &won)
+	switch {
+	case err != nil:
+		return zero, &idem.BackendError{Op: "claim", Err: err}
+	case !found:
+		// A duplicate committed after this statement's snapshot: its row is
+		// there to read now.
+		if rows, err = tx.Query(ctx, b.q.get, key); err == nil {
+			rec, found, err = scanOne(rows)
+		}
+		if err != nil || !found {
+			return zero, &idem.BackendError{Op: "claim", Err: fmt.Errorf("key %q: no record after a conflict: %v", key, err)}
+		}
+	case won:
+		return runTx(ctx, store, b, tx, claim, fn)
+	}
+	switch {
+	case rec.Fingerprint != fp:
+		return zero, idem.ErrPayloadMismatch
+	case rec.State == idem.StateCompleted:
+		return store.Decode(rec)
+	case rec.State == idem.StatePending && !rec.Lapsed(opts.Now()):
+		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress)
+	}
+	return zero, idem.ErrOutcomeUnknown
+}
+
+// runTx runs fn in a savepoint of tx, which holds the new claim, and commits
+// the outcome, or rolls everything back.
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.Tx, claim idem.Record, fn func(context.Context, pgx.Tx) (R, error)) (val R, err error) {
+	opts := store.Options()
+	savepoint, err := tx.Begin(ctx)
+	if err != nil {
+		return val, &idem.BackendError{Op: "claim", Err: err}
+	}
+	val, err, returned := callTx(ctx, savepoint, fn)
+	if !returned || (err != nil && !idem.IsFinal(err)) {
+		return val, err // the deferred rollback takes the key and fn's writes away
+	}
+	if err != nil { // final: keep the key and the error, not fn's writes
+		if rerr := savepoint.Rollback(ctx); rerr != nil {
+			return val, errors.Join(err, rerr)
+		}
+	} else if cerr := savepoint.Commit(ctx); cerr != nil {
+		return val, cerr
+	}
+	done := claim
+	done.State, done.ExpiresAt = idem.StateCompleted, opts.Now().Add(opts.TTL)
+	if eerr := store.Encode(&done, val, err); eerr != nil {
+		return val, errors.Join(err, eerr)
+	}
+	if _, cerr := tx.Exec(ctx, b.q.complete, done.Key, done.Token, done.Fingerprint[:], done.CreatedAt,
+		nullTime(done.ExpiresAt), done.Value, done.Failed, done.ErrMsg); cerr != nil {
+		return val, errors.Join(err, cerr)
+	}
+	if cerr := tx.Commit(ctx); cerr != nil {
+		return val, errors.Join(err, fmt.Errorf("postgres: committing: %w", cerr))
+	}
+	return val, err
+}
+
+// callTx runs fn, turning a panic into an *idem.PanicError.
+func callTx[R any](ctx context.Context, tx pgx.Tx, fn func(context.Context, pgx.Tx) (R, error)) (val R, err error, returned bool) {
+	defer func() {
+		if !returned {
+			var zero R
+			val, err = zero, &idem.PanicError{Value: recover(), Stack: debug.Stack()}
+		}
+	}()
+	val, err = fn(ctx, tx)
+	return val, err, true
+}

@@ -1,0 +1,126 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/seed094d4201/idem"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// txFixture is a store over a fresh table, and a charges table for fn's own
+// writes.
+func txFixture(t *testing.T) (*idem.Store[int], *pgxpool.Pool, string) {
+	pool := testPool(t)
+	b, table := testBackend(t, pool)
+	charges := table + "_charges"
+	_, err := pool.Exec(context.Background(), "CREATE TABLE "+charges+" (id serial PRIMARY KEY, ord int NOT NULL)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+charges) })
+	s := idem.New[int](idem.Options{Backend: b})
+	t.Cleanup(func() { s.Close() })
+	return s, pool, charges
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), query, args...).Scan(&n))
+	return n
+}
+
+func TestRunOnceTx(t *testing.T) {
+	s, pool, charges := txFixture(t)
+	ctx := context.Background()
+	charge := func(ctx context.Context, tx pgx.Tx) (int, error) {
+		var id int
+		err := tx.QueryRow(ctx, "INSERT INTO "+charges+" (ord) VALUES (101) RETURNING id").Scan(&id)
+		return id, err
+	}
+	keys := func(key string) int {
+		_, found, err := s.Options().Backend.Get(ctx, key)
+		require.NoError(t, err)
+		if found {
+			return 1
+		}
+		return 0
+	}
+
+	t.Run("success commits both", func(t *testing.T) {
+		id, err := RunOnceTx(ctx, s, "ok", "p", charge)
+		require.NoError(t, err)
+		again, err := RunOnceTx(ctx, s, "ok", "p", charge)
+		require.NoError(t, err)
+		assert.Equal(t, id, again, "a retry replays")
+		assert.Equal(t, 1, count(t, pool, "SELECT count(*) FROM "+charges+" WHERE id = $1", id))
+		assert.Equal(t, 1, keys("ok"))
+		_, err = RunOnceTx(ctx, s, "ok", "other", charge)
+		assert.ErrorIs(t, err, idem.ErrPayloadMismatch)
+	})
+
+	t.Run("error leaves neither", func(t *testing.T) {
+		before := count(t, pool, "SELECT count(*) FROM "+charges)
+		boom := errors.New("bank said no, try later")
+		_, err := RunOnceTx(ctx, s, "fails", "p", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			if _, err := charge(ctx, tx); err != nil {
+				return 0, err
+			}
+			return 0, boom
+		})
+		assert.ErrorIs(t, err, boom)
+		assert.Equal(t, before, count(t, pool, "SELECT count(*) FROM "+charges), "no row of the caller's write")
+		assert.Equal(t, 0, keys("fails"), "and no key")
+	})
+
+	t.Run("panic leaves neither", func(t *testing.T) {
+		before := count(t, pool, "SELECT count(*) FROM "+charges)
+		_, err := RunOnceTx(ctx, s, "panics", "p", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, _ = charge(ctx, tx)
+			panic("bug")
+		})
+		var pe *idem.PanicError
+		assert.ErrorAs(t, err, &pe)
+		assert.Equal(t, before, count(t, pool, "SELECT count(*) FROM "+charges))
+		assert.Equal(t, 0, keys("panics"))
+	})
+
+	t.Run("final error keeps the key, not the writes", func(t *testing.T) {
+		before := count(t, pool, "SELECT count(*) FROM "+charges)
+		declined := func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, _ = charge(ctx, tx)
+			return 0, idem.Final(errors.New("card declined"))
+		}
+		_, err := RunOnceTx(ctx, s, "declined", "p", declined)
+		assert.True(t, idem.IsFinal(err))
+		_, err = RunOnceTx(ctx, s, "declined", "p", declined)
+		assert.EqualError(t, err, "card declined")
+		assert.True(t, idem.IsFinal(err))
+		assert.Equal(t, before, count(t, pool, "SELECT count(*) FROM "+charges))
+	})
+
+	t.Run("concurrent duplicates replay", func(t *testing.T) {
+		before := count(t, pool, "SELECT count(*) FROM "+charges)
+		var wg sync.WaitGroup
+		ids := make([]int, 8)
+		errs := make([]error, 8)
+		for i := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ids[i], errs[i] = RunOnceTx(ctx, s, "dup", "p", charge)
+			}()
+		}
+		wg.Wait()
+		for i := range ids {
+			require.NoError(t, errs[i])
+			assert.Equal(t, ids[0], ids[i])
+		}
+		assert.Equal(t, before+1, count(t, pool, "SELECT count(*) FROM "+charges), fmt.Sprint("one charge for ", len(ids), " calls"))
+	})
+}

@@ -1,0 +1,45 @@
+package redis
+
+import (
+	"context"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestUnreachableRedis(t *testing.T) {
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:1"}, MaxRetries: -1})
+	defer rdb.Close()
+	s := idem.New[int](idem.Options{Backend: New(rdb, Options{})})
+	defer s.Close()
+	var runs atomic.Int32
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { runs.Add(1); return 1, nil })
+	var be *idem.BackendError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, "claim", be.Op)
+	assert.Contains(t, err.Error(), "127.0.0.1:1", "the cause is kept")
+	assert.Zero(t, runs.Load(), "fn must not run without a claim")
+}
+
+func TestRedisClosedMidRun(t *testing.T) {
+	shared := testClient(t)
+	b := testBackend(t, shared)
+	own := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}})
+	s := idem.New[int](idem.Options{Backend: New(own, Options{Prefix: b.prefix})})
+	defer s.Close()
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) {
+		own.Close() // Redis goes away while fn runs
+		return 1, nil
+	})
+	var nr *idem.NotRecordedError
+	require.ErrorAs(t, err, &nr, "the caller is told the outcome was not recorded")
+	rec, ok, err := b.Get(context.Background(), "k")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, idem.StatePending, rec.State, "nothing recorded as completed")
+}

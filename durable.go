@@ -145,38 +145,36 @@ var ErrLeaseLost = errors.New("idem: lease lost: another owner holds the key")
 
 // renew keeps claim's lease alive while fn runs: every third of the lease it
 // extends it. If the claim turns out to be lost, it cancels the returned
-// context with ErrLeaseLost. stop ends the renewals and waits for one in
-// progress.
+// context with ErrLeaseLost. stop ends the renewals. A fast fn costs one
+// timer and no goroutine.
 func (s *Store[R]) renew(ctx context.Context, claim Record) (_ context.Context, stop func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	every := s.opts.Lease / 3
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		ticker := time.NewTicker(every)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ticker.C:
-			}
-			err := s.opts.Backend.Renew(context.WithoutCancel(ctx), claim.Key, claim.Token, s.opts.Now().Add(s.opts.Lease))
-			if errors.Is(err, ErrNotOwner) {
-				cancel(ErrLeaseLost)
-				return
-			}
+	var (
+		mu      sync.Mutex
+		stopped bool        // guarded by mu
+		timer   *time.Timer // Reset only under mu while not stopped
+	)
+	timer = time.AfterFunc(every, func() {
+		// A renewal that lands after the outcome was recorded is refused by
+		// the backend (the record is no longer pending), which is harmless.
+		err := s.opts.Backend.Renew(context.WithoutCancel(ctx), claim.Key, claim.Token, s.opts.Now().Add(s.opts.Lease))
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case stopped:
+		case errors.Is(err, ErrNotOwner):
+			cancel(ErrLeaseLost)
+		default: // renewed, or failed for now: try again next time
+			timer.Reset(every)
 		}
-	}()
-	var once sync.Once
+	})
 	return ctx, func() {
-		once.Do(func() {
-			close(done)
-			wg.Wait()
-			cancel(nil)
-		})
+		mu.Lock()
+		stopped = true
+		timer.Stop()
+		mu.Unlock()
+		cancel(nil)
 	}
 }
 

@@ -1,9 +1,10 @@
 // Package postgres is an idem.Backend in a PostgreSQL table, shared by every
 // process and machine that uses the same database.
 //
-// A claim is one INSERT ... ON CONFLICT statement, so the table's primary key
-// decides, atomically, which of many concurrent claims wins; it takes over an
-// expired record in the same statement. Complete, Release and Renew compare
+// A claim is one INSERT ... ON CONFLICT DO NOTHING statement that returns
+// the standing record if it loses, so the table's primary key decides,
+// atomically, which of many concurrent claims wins, and a replay writes
+// nothing. An expired record is taken over by one conditional UPDATE. Complete, Release and Renew compare
 // the claim's token in their WHERE clause, so a stale owner can never write
 // over a newer claim. Expiry uses the clocks of the processes that call it:
 // keep them in sync (NTP), as leases and TTLs are compared across machines.
@@ -90,28 +91,32 @@ CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE sta
 
 // queries are the statements, written once for the table's name.
 type queries struct {
-	claim, complete, release, renew, get, forget, exists, sweep string
+	claim, takeOver, complete, release, renew, get, forget, exists, sweep string
 }
 
 const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg`
 
 func newQueries(t string) queries {
 	return queries{
-		// One statement: insert, or take over a record that expired, or
-		// return the record that stands. If a concurrent claim committed
-		// after this statement's snapshot, neither branch yields a row, and
-		// Claim runs it again.
+		// One round trip: insert the claim, or return the record that
+		// stands. DO NOTHING takes no lock on a conflicting row, so a replay
+		// writes nothing and costs no WAL flush. If a concurrent claim
+		// committed after this statement's snapshot, neither branch yields
+		// a row, and Claim runs it again.
 		claim: `WITH claimed AS (
-    INSERT INTO ` + t + ` AS r (key, fingerprint, token, state, created_at, lease_until)
+    INSERT INTO ` + t + ` (key, fingerprint, token, state, created_at, lease_until)
     VALUES ($1, $2, $3, 1, $4, $5)
-    ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, token = EXCLUDED.token, state = 1,
-        created_at = EXCLUDED.created_at, expires_at = NULL, lease_until = EXCLUDED.lease_until,
-        value = NULL, failed = false, err_msg = ''
-    WHERE r.state = 2 AND r.expires_at <= $6
+    ON CONFLICT (key) DO NOTHING
     RETURNING ` + columns + `)
 SELECT true, ` + columns + ` FROM claimed
 UNION ALL
 SELECT false, ` + columns + ` FROM ` + t + ` WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`,
+		// Takes over a record that expired, atomically: the WHERE clause is
+		// checked against the row as it stands when the UPDATE locks it.
+		takeOver: `UPDATE ` + t + ` SET fingerprint = $2, token = $3, state = 1, created_at = $4, expires_at = NULL,
+    lease_until = $5, value = NULL, failed = false, err_msg = ''
+WHERE key = $1 AND state = 2 AND expires_at <= $6
+RETURNING true, ` + columns,
 		complete: `UPDATE ` + t + ` SET fingerprint = $3, state = 2, created_at = $4, expires_at = $5, lease_until = NULL,
     value = $6, failed = $7, err_msg = $8
 WHERE key = $1 AND token = $2 AND state <> 2`,
@@ -128,15 +133,26 @@ WHERE key = $1 AND token = $2 AND state <> 2`,
 }
 
 func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
+	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, rec.CreatedAt, nullTime(rec.LeaseUntil)}
 	for {
-		rows, err := b.pool.Query(ctx, b.q.claim, rec.Key, rec.Fingerprint[:], rec.Token, rec.CreatedAt, nullTime(rec.LeaseUntil), now)
+		rows, err := b.pool.Query(ctx, b.q.claim, args...)
 		if err != nil {
 			return idem.Record{}, false, err
 		}
 		var won bool
 		got, found, err := scanOne(rows, &won)
-		if err != nil || found {
-			return got, won, err
+		switch {
+		case err != nil:
+			return idem.Record{}, false, err
+		case found && !got.Expired(now):
+			return got, won, nil
+		case found: // expired: take it over, unless another claim did first
+			if rows, err = b.pool.Query(ctx, b.q.takeOver, append(args, now)...); err != nil {
+				return idem.Record{}, false, err
+			}
+			if got, found, err = scanOne(rows, &won); err != nil || found {
+				return got, won, err
+			}
 		}
 		if err := ctx.Err(); err != nil {
 			return idem.Record{}, false, err

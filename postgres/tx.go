@@ -53,7 +53,7 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 
 	now := opts.Now()
 	claim := idem.Record{Key: key, Fingerprint: fp, Token: "tx", State: idem.StatePending, CreatedAt: now}
-	rows, err := tx.Query(ctx, b.q.claim, key, fp[:], claim.Token, now, nil, now)
+	rows, err := tx.Query(ctx, b.q.claim, key, fp[:], claim.Token, now, nil)
 	if err != nil {
 		return zero, &idem.BackendError{Op: "claim", Err: err}
 	}
@@ -73,6 +73,17 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		}
 	case won:
 		return runTx(ctx, store, b, tx, claim, fn)
+	case rec.Expired(now):
+		if rows, err = tx.Query(ctx, b.q.takeOver, key, fp[:], claim.Token, now, nil, now); err == nil {
+			rec, won, err = scanTakeOver(rows)
+		}
+		if err != nil {
+			return zero, &idem.BackendError{Op: "claim", Err: err}
+		}
+		if won {
+			return runTx(ctx, store, b, tx, claim, fn)
+		}
+		return zero, fmt.Errorf("%w: taken over by another claim", idem.ErrInProgress)
 	}
 	switch {
 	case rec.Fingerprint != fp:
@@ -129,4 +140,11 @@ func callTx[R any](ctx context.Context, tx pgx.Tx, fn func(context.Context, pgx.
 	}()
 	val, err = fn(ctx, tx)
 	return val, err, true
+}
+
+// scanTakeOver reads the row a takeOver statement returned, if any.
+func scanTakeOver(rows pgx.Rows) (idem.Record, bool, error) {
+	var won bool
+	rec, found, err := scanOne(rows, &won)
+	return rec, found && won, err
 }

@@ -44,6 +44,9 @@ type Backend struct {
 	rdb    redis.UniversalClient
 	prefix string
 	index  string // sorted set of completed keys by expiry, for Sweep
+	// oneSlot: every key lives on one node (not a Cluster), so a script may
+	// touch a record and the index together.
+	oneSlot bool
 }
 
 var _ idem.Backend = (*Backend)(nil)
@@ -54,7 +57,8 @@ func New(rdb redis.UniversalClient, opts Options) *Backend {
 	if prefix == "" {
 		prefix = "idem:"
 	}
-	return &Backend{rdb: rdb, prefix: prefix, index: prefix + "expiry"}
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &Backend{rdb: rdb, prefix: prefix, index: prefix + "expiry", oneSlot: !cluster}
 }
 
 func (b *Backend) key(k string) string { return b.prefix + "k:" + k }
@@ -65,7 +69,14 @@ func encode(rec idem.Record) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%d|%d|%s|", rec.State, millis(rec.LeaseUntil), rec.Token) + string(blob), nil
+	b := make([]byte, 0, 24+len(rec.Token)+len(blob))
+	b = strconv.AppendInt(b, int64(rec.State), 10)
+	b = append(b, '|')
+	b = strconv.AppendInt(b, millis(rec.LeaseUntil), 10)
+	b = append(b, '|')
+	b = append(b, rec.Token...)
+	b = append(b, '|')
+	return string(append(b, blob...)), nil
 }
 
 func decode(key, v string) (idem.Record, error) {
@@ -95,7 +106,9 @@ func millis(t time.Time) int64 {
 // The scripts. A record's header is "state|lease|token|".
 var (
 	// KEYS[1] key; ARGV[1] new record, ARGV[2] now (ms). Claims the key if
-	// it is free or its record completed and expired; else returns it.
+	// it is free or its record completed and expired, and returns 1; else
+	// returns the record. (Not nil for a claim: go-redis treats a nil reply
+	// as an error, which costs.)
 	claimScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -106,15 +119,18 @@ if v then
   end
 end
 redis.call('SET', KEYS[1], ARGV[1])
-return false`)
+return 1`)
 
-	// KEYS[1] key; ARGV[1] token, ARGV[2] new record, ARGV[3] expiry (ms).
+	// KEYS[1] key, and KEYS[2] the expiry index if it is on the same node;
+	// ARGV[1] token, ARGV[2] new record, ARGV[3] expiry (ms), ARGV[4] the
+	// key's name in the index.
 	completeScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local st, _, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
 if tok ~= ARGV[1] or st == '2' then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PXAT', ARGV[3])
+if KEYS[2] then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4]) end
 return 1`)
 
 	// KEYS[1] key; ARGV[1] token.
@@ -161,12 +177,13 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (id
 	if err != nil {
 		return idem.Record{}, false, err
 	}
-	v, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, enc, now.UnixMilli()).Text()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return rec, true, nil
-	case err != nil:
+	reply, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, enc, now.UnixMilli()).Result()
+	if err != nil {
 		return idem.Record{}, false, err
+	}
+	v, ok := reply.(string)
+	if !ok {
+		return rec, true, nil
 	}
 	old, err := decode(rec.Key, v)
 	return old, false, err
@@ -177,12 +194,25 @@ func (b *Backend) Complete(ctx context.Context, rec idem.Record) error {
 	if err != nil {
 		return err
 	}
-	n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, enc, rec.ExpiresAt.UnixMilli()).Int()
-	if err := owned(n, err, rec.Key); err != nil {
+	expires := rec.ExpiresAt.UnixMilli()
+	if b.oneSlot { // the script adds the index entry too: one command
+		n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key), b.index}, rec.Token, enc, expires, rec.Key).Int()
+		return owned(n, err, rec.Key)
+	}
+	// On a Cluster the index is on another node: one round trip all the
+	// same, through a pipeline. The entry is harmless if the script
+	// refuses, since Sweep checks the record.
+	var complete *redis.Cmd
+	_, err = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		complete = completeScript.Run(ctx, p, []string{b.key(rec.Key)}, rec.Token, enc, expires, rec.Key)
+		p.ZAdd(ctx, b.index, redis.Z{Score: float64(expires), Member: rec.Key})
+		return nil
+	})
+	if err != nil && complete.Err() == nil {
 		return err
 	}
-	// The index only speeds Sweep up; Redis expires the record by itself.
-	return b.rdb.ZAdd(ctx, b.index, redis.Z{Score: float64(rec.ExpiresAt.UnixMilli()), Member: rec.Key}).Err()
+	n, err := complete.Int()
+	return owned(n, err, rec.Key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {

@@ -79,7 +79,7 @@ func child() error {
 		})
 		return err
 	}
-	store := idem.New[int](idem.Options{Backend: backend})
+	store := idem.New[int](idem.Options{Backend: backend, TTL: time.Minute}) // so Redis soon drops the keys
 	defer store.Close()
 	keys, _ := strconv.Atoi(os.Getenv(keysEnv))
 	effects := os.Getenv(effectsEnv)

@@ -153,8 +153,10 @@ func (s *Store[R]) renew(ctx context.Context, claim Record) (_ context.Context, 
 	var (
 		mu      sync.Mutex
 		stopped bool        // guarded by mu
-		timer   *time.Timer // Reset only under mu while not stopped
+		timer   *time.Timer // guarded by mu: set, and Reset while not stopped
 	)
+	mu.Lock()
+	defer mu.Unlock()
 	timer = time.AfterFunc(every, func() {
 		// A renewal that lands after the outcome was recorded is refused by
 		// the backend (the record is no longer pending), which is harmless.

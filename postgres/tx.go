@@ -75,7 +75,7 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		return runTx(ctx, store, b, tx, claim, fn)
 	case rec.Expired(now):
 		if rows, err = tx.Query(ctx, b.q.takeOver, key, fp[:], claim.Token, now, nil, now); err == nil {
-			rec, won, err = scanTakeOver(rows)
+			won, err = tookOver(rows)
 		}
 		if err != nil {
 			return zero, &idem.BackendError{Op: "claim", Err: err}
@@ -142,9 +142,9 @@ func callTx[R any](ctx context.Context, tx pgx.Tx, fn func(context.Context, pgx.
 	return val, err, true
 }
 
-// scanTakeOver reads the row a takeOver statement returned, if any.
-func scanTakeOver(rows pgx.Rows) (idem.Record, bool, error) {
+// tookOver reports whether a takeOver statement returned its row.
+func tookOver(rows pgx.Rows) (bool, error) {
 	var won bool
-	rec, found, err := scanOne(rows, &won)
-	return rec, found && won, err
+	_, found, err := scanOne(rows, &won)
+	return found && won, err
 }

@@ -91,7 +91,7 @@ CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE sta
 
 // queries are the statements, written once for the table's name.
 type queries struct {
-	claim, takeOver, complete, release, renew, get, forget, exists, sweep string
+	claim, takeOver, complete, release, renew, get, forget, exists, sweep, all string
 }
 
 const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg`
@@ -123,6 +123,7 @@ WHERE key = $1 AND token = $2 AND state <> 2`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state <> 2`,
 		renew:   `UPDATE ` + t + ` SET lease_until = $3 WHERE key = $1 AND token = $2 AND state = 1`,
 		get:     `SELECT ` + columns + ` FROM ` + t + ` WHERE key = $1`,
+		all:     `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
 		forget: `DELETE FROM ` + t + ` WHERE key = $1
     AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > $2))`,
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE key = $1)`,
@@ -222,6 +223,11 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 // given as extra destinations, and closes rows.
 func scanOne(rows pgx.Rows, extra ...any) (idem.Record, bool, error) {
 	defer rows.Close()
+	return scanNext(rows, extra...)
+}
+
+// scanNext reads the next record of rows, if there is one.
+func scanNext(rows pgx.Rows, extra ...any) (idem.Record, bool, error) {
 	if !rows.Next() {
 		return idem.Record{}, false, rows.Err()
 	}
@@ -253,4 +259,23 @@ func nullTime(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+// Each calls fn for every record, in key order, stopping at fn's first
+// error. It is for inspection (cmd/idem): it reads the whole table.
+func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
+	rows, err := b.pool.Query(ctx, b.q.all)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for {
+		rec, ok, err := scanNext(rows)
+		if err != nil || !ok {
+			return err
+		}
+		if err := fn(rec); err != nil {
+			return err
+		}
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -294,4 +295,38 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 		}
 	}
 	return deleted, nil
+}
+
+// Each calls fn for every record under the backend's prefix, stopping at
+// fn's first error. It is for inspection (cmd/idem): it SCANs the keyspace,
+// every primary's on a Cluster, calling fn from one goroutine at a time.
+func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
+	if c, ok := b.rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		return c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return b.each(ctx, node, func(rec idem.Record) error {
+				mu.Lock()
+				defer mu.Unlock()
+				return fn(rec)
+			})
+		})
+	}
+	return b.each(ctx, b.rdb, fn)
+}
+
+func (b *Backend) each(ctx context.Context, node redis.Cmdable, fn func(idem.Record) error) error {
+	iter := node.Scan(ctx, 0, b.prefix+"k:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		key := strings.TrimPrefix(iter.Val(), b.prefix+"k:")
+		rec, ok, err := b.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		if ok {
+			if err := fn(rec); err != nil {
+				return err
+			}
+		}
+	}
+	return iter.Err()
 }

@@ -1,19 +1,22 @@
-// Command idem inspects and repairs the records of a bolt-backed idem store.
+// Command idem inspects and repairs the records of an idem store: a bolt
+// file, a PostgreSQL table or a Redis key prefix.
 //
-//	idem inspect FILE      list every key: state, age, expiry, sizes
-//	idem show FILE KEY     one key's record in full
-//	idem forget FILE KEY   drop a key's record: an operator's reconciliation of
-//	                       an interrupted key, once the operation's real outcome
-//	                       is known and dealt with
-//	idem sweep FILE        delete the expired records
+//	idem [-name NAME] inspect WHERE      list every key: state, age, expiry, sizes
+//	idem [-name NAME] show WHERE KEY     one key's record in full
+//	idem [-name NAME] forget WHERE KEY   drop a key's record: an operator's
+//	                                     reconciliation of an interrupted key, once
+//	                                     the operation's real outcome is known
+//	idem [-name NAME] sweep WHERE        delete the expired records
 //
-// The file must not be open in a running service: bbolt allows one process
-// at a time, and idem fails after a second rather than wait.
+// WHERE is a bolt file, a postgres:// DSN or a redis:// URL; -name is the
+// PostgreSQL table or the Redis key prefix, if not the default. A bolt file
+// must not be open in a running service: bbolt allows one process at a
+// time, and idem fails after a second rather than wait.
 package main
 
 import (
 	"context"
-	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -22,14 +25,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/seed094d4201/idem"
-	"github.com/seed094d4201/idem/bolt"
 )
 
 const usage = `usage:
-  idem inspect FILE      list every key: state, age, expiry, sizes
-  idem show FILE KEY     one key's record in full
-  idem forget FILE KEY   drop a key's record (reconcile an interrupted key)
-  idem sweep FILE        delete the expired records
+  idem [-name NAME] inspect WHERE      list every key: state, age, expiry, sizes
+  idem [-name NAME] show WHERE KEY     one key's record in full
+  idem [-name NAME] forget WHERE KEY   drop a key's record (reconcile an interrupted key)
+  idem [-name NAME] sweep WHERE        delete the expired records
+WHERE is a bolt file, a postgres:// DSN or a redis:// URL; NAME the table or key prefix.
 `
 
 func main() {
@@ -39,36 +42,34 @@ func main() {
 // run carries out one command and returns the process's exit code: 0 done,
 // 1 failed, 2 misused.
 func run(args []string, stdout, stderr io.Writer, now time.Time) int {
+	flags := flag.NewFlagSet("idem", flag.ContinueOnError)
+	flags.SetOutput(io.Discard)
+	name := flags.String("name", "", "PostgreSQL table or Redis key prefix")
+	if err := flags.Parse(args); err != nil {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	args = flags.Args()
 	want := map[string]int{"inspect": 2, "show": 3, "forget": 3, "sweep": 2}
 	if len(args) == 0 || want[args[0]] != len(args) {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	cmd, path := args[0], args[1]
-	if err := command(cmd, path, args[2:], stdout, now); err != nil {
+	cmd, where := args[0], args[1]
+	if err := command(cmd, where, *name, args[2:], stdout, now); err != nil {
 		fmt.Fprintf(stderr, "idem %s: %v\n", cmd, err)
 		return 1
 	}
 	return 0
 }
 
-func command(cmd, path string, rest []string, w io.Writer, now time.Time) error {
-	// bolt.Open would create a missing file; an operator means an existing one.
-	if _, err := os.Stat(path); err != nil {
-		return err
-	}
-	b, err := bolt.Open(path, nil)
-	if errors.Is(err, bolt.ErrLocked) {
-		return fmt.Errorf("%w (is the service that uses it still running?)", err)
-	}
+func command(cmd, where, name string, rest []string, w io.Writer, now time.Time) error {
+	ctx := context.Background()
+	b, closeTarget, err := openTarget(ctx, where, name, w)
 	if err != nil {
 		return err
 	}
-	defer b.Close()
-	if n := b.Interrupted(); n > 0 {
-		fmt.Fprintf(w, "note: %d key(s) were left in flight by a process that stopped; they are now interrupted\n", n)
-	}
-	ctx := context.Background()
+	defer closeTarget()
 	switch cmd {
 	case "inspect":
 		return inspect(ctx, b, w, now)
@@ -96,7 +97,7 @@ func command(cmd, path string, rest []string, w io.Writer, now time.Time) error 
 	}
 }
 
-func inspect(ctx context.Context, b *bolt.Backend, w io.Writer, now time.Time) error {
+func inspect(ctx context.Context, b target, w io.Writer, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tSTATE\tAGE\tEXPIRES IN\tVALUE BYTES\tRECORD BYTES")
 	count := 0
@@ -106,7 +107,7 @@ func inspect(ctx context.Context, b *bolt.Backend, w io.Writer, now time.Time) e
 		if enc, err := rec.MarshalBinary(); err == nil {
 			size = len(enc)
 		}
-		fmt.Fprintf(tw, "%q\t%s\t%s\t%s\t%d\t%d\n", rec.Key, state(rec), age(rec, now), expiresIn(rec, now), len(rec.Value), size)
+		fmt.Fprintf(tw, "%q\t%s\t%s\t%s\t%d\t%d\n", rec.Key, state(rec, now), age(rec, now), expiresIn(rec, now), len(rec.Value), size)
 		return nil
 	})
 	if err != nil {
@@ -119,7 +120,7 @@ func inspect(ctx context.Context, b *bolt.Backend, w io.Writer, now time.Time) e
 	return nil
 }
 
-func show(ctx context.Context, b *bolt.Backend, key string, w io.Writer, now time.Time) error {
+func show(ctx context.Context, b target, key string, w io.Writer, now time.Time) error {
 	rec, ok, err := b.Get(ctx, key)
 	if err != nil {
 		return err
@@ -128,7 +129,7 @@ func show(ctx context.Context, b *bolt.Backend, key string, w io.Writer, now tim
 		return fmt.Errorf("no record for key %q", key)
 	}
 	fmt.Fprintf(w, "key:         %q\n", rec.Key)
-	fmt.Fprintf(w, "state:       %s\n", state(rec))
+	fmt.Fprintf(w, "state:       %s\n", state(rec, now))
 	fmt.Fprintf(w, "claimed:     %s (%s ago)\n", rec.CreatedAt.UTC().Format(time.RFC3339Nano), age(rec, now))
 	fmt.Fprintf(w, "expires:     %s\n", expiresIn(rec, now))
 	fmt.Fprintf(w, "fingerprint: %x\n", rec.Fingerprint)
@@ -141,16 +142,19 @@ func show(ctx context.Context, b *bolt.Backend, key string, w io.Writer, now tim
 	} else {
 		fmt.Fprintf(w, "value (hex): %x\n", rec.Value)
 	}
-	if rec.State == idem.StateInterrupted {
+	if rec.State == idem.StateInterrupted || rec.Lapsed(now) {
 		fmt.Fprintln(w, "\nThe operation may or may not have taken effect. Check its real outcome,")
 		fmt.Fprintf(w, "then clear the key with: idem forget FILE %q\n", rec.Key)
 	}
 	return nil
 }
 
-func state(rec idem.Record) string {
-	if rec.State == idem.StateCompleted && rec.Failed {
+func state(rec idem.Record, now time.Time) string {
+	switch {
+	case rec.State == idem.StateCompleted && rec.Failed:
 		return "completed (final error)"
+	case rec.Lapsed(now):
+		return "interrupted (lease lapsed)"
 	}
 	return rec.State.String()
 }

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/postgres"
+	"github.com/seed094d4201/idem/redis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A key whose owner died mid-run, on a shared backend: inspect shows it
+// interrupted once its lease lapsed, and forget clears it.
+func TestSharedBackends(t *testing.T) {
+	ctx := context.Background()
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	dead := idem.Record{Key: "order-103", Token: "dead", State: idem.StatePending,
+		CreatedAt: now.Add(-time.Hour), LeaseUntil: now.Add(-59 * time.Minute)}
+	for _, tc := range []struct {
+		name, where, table string
+		backend             func(t *testing.T) idem.Backend
+	}{
+		{"postgres", os.Getenv("IDEM_POSTGRES_DSN"), "idem_cli_" + suffix, func(t *testing.T) idem.Backend {
+			pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			t.Cleanup(func() { pool.Exec(ctx, "DROP TABLE IF EXISTS idem_cli_"+suffix) })
+			b, err := postgres.New(ctx, pool, postgres.Options{Table: "idem_cli_" + suffix})
+			require.NoError(t, err)
+			return b
+		}},
+		{"redis", "redis://" + os.Getenv("IDEM_REDIS_ADDR"), "idemcli:" + suffix + ":", func(t *testing.T) idem.Backend {
+			rdb := goredis.NewClient(&goredis.Options{Addr: os.Getenv("IDEM_REDIS_ADDR")})
+			t.Cleanup(func() { rdb.Close() })
+			return redis.New(rdb, redis.Options{Prefix: "idemcli:" + suffix + ":"})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.where == "" || tc.where == "redis://" {
+				t.Skipf("the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_REDIS_ADDR)", tc.name)
+			}
+			b := tc.backend(t)
+			_, _, err := b.Claim(ctx, dead, now.Add(-time.Hour))
+			require.NoError(t, err)
+
+			code, out, errs := runCmd("-name", tc.table, "inspect", tc.where)
+			require.Equal(t, 0, code, errs)
+			assert.Contains(t, out, `"order-103"  interrupted (lease lapsed)`)
+			code, out, errs = runCmd("-name", tc.table, "forget", tc.where, "order-103")
+			require.Equal(t, 0, code, errs)
+			assert.Contains(t, out, "forgot")
+			_, out, _ = runCmd("-name", tc.table, "inspect", tc.where)
+			assert.True(t, strings.HasSuffix(out, "0 record(s)\n"), out)
+		})
+	}
+}

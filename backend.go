@@ -90,9 +90,11 @@ type Backend interface {
 	Release(ctx context.Context, key, token string) error
 
 	// Renew sets the LeaseUntil of key's pending record to until, if its
-	// Token equals token. Otherwise it changes nothing and returns an error
-	// matching ErrNotOwner: the claim was lost.
-	Renew(ctx context.Context, key, token string, until time.Time) error
+	// Token equals token and its lease has not lapsed at now. Otherwise it
+	// changes nothing and returns an error matching ErrNotOwner: the claim
+	// was lost, or may have been taken for interrupted by another store,
+	// and must not come back to life.
+	Renew(ctx context.Context, key, token string, now, until time.Time) error
 
 	// Get returns key's record, and false if there is none. An expired
 	// record may still be returned until it is swept.

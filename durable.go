@@ -29,6 +29,9 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		case claimed:
 			return s.runClaimed(ctx, claim, fn)
 		}
+		if rec.Fingerprint != fp {
+			return val, ErrPayloadMismatch, false
+		}
 		if rec.State == StatePending && !rec.Lapsed(now) {
 			// In flight through another store, most likely another process:
 			// wait for its outcome.
@@ -115,10 +118,10 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context
 	settled = true
 	if !returned || !isFinalOutcome(err) {
 		if rerr := b.Release(record, claim.Key, claim.Token); rerr != nil {
-			// The record stays pending: pin the failure so this process
-			// answers it rather than "in progress" until a restart makes
-			// the key interrupted.
-			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend: %w", rerr)), true
+			// Unless the claim was lost anyway, the record stays pending:
+			// pin the failure so this process answers it rather than "in
+			// progress" until a restart or lapsed lease interrupts the key.
+			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend: %w", rerr)), !errors.Is(rerr, ErrNotOwner)
 		}
 		return val, err, false
 	}
@@ -132,8 +135,9 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context
 	if rerr != nil {
 		// Never release a key after fn succeeded: it stays claimed (durably
 		// pending, interrupted after a restart) and memory replays it for as
-		// long as the store lives.
-		return val, errors.Join(err, &NotRecordedError{Err: rerr}), true
+		// long as the store lives. Unless the claim was lost: then the
+		// backend holds another owner's outcome, which later callers read.
+		return val, errors.Join(err, &NotRecordedError{Err: rerr}), !errors.Is(rerr, ErrNotOwner)
 	}
 	return val, err, false
 }
@@ -144,30 +148,45 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context
 var ErrLeaseLost = errors.New("idem: lease lost: another owner holds the key")
 
 // renew keeps claim's lease alive while fn runs: every third of the lease it
-// extends it. If the claim turns out to be lost, it cancels the returned
-// context with ErrLeaseLost. stop ends the renewals. A fast fn costs one
-// timer and no goroutine.
+// extends it. If the claim turns out to be lost, or the lease runs out
+// because renewals keep failing (a partition), it cancels the returned
+// context with ErrLeaseLost: past that point another store may take the key
+// for interrupted. stop ends the renewals. A fast fn costs one timer and no
+// goroutine.
 func (s *Store[R]) renew(ctx context.Context, claim Record) (_ context.Context, stop func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	every := s.opts.Lease / 3
 	var (
 		mu      sync.Mutex
-		stopped bool        // guarded by mu
-		timer   *time.Timer // guarded by mu: set, and Reset while not stopped
+		stopped bool               // guarded by mu
+		timer   *time.Timer        // guarded by mu: set, and Reset while not stopped
+		until   = claim.LeaseUntil // guarded by mu: the lease as last granted
 	)
 	mu.Lock()
 	defer mu.Unlock()
 	timer = time.AfterFunc(every, func() {
 		// A renewal that lands after the outcome was recorded is refused by
 		// the backend (the record is no longer pending), which is harmless.
-		err := s.opts.Backend.Renew(context.WithoutCancel(ctx), claim.Key, claim.Token, s.opts.Now().Add(s.opts.Lease))
+		now := s.opts.Now()
+		next := now.Add(s.opts.Lease)
+		mu.Lock()
+		left := until.Sub(now)
+		mu.Unlock()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), max(left, time.Millisecond))
+		err := s.opts.Backend.Renew(rctx, claim.Key, claim.Token, now, next)
+		rcancel()
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
 		case stopped:
 		case errors.Is(err, ErrNotOwner):
 			cancel(ErrLeaseLost)
-		default: // renewed, or failed for now: try again next time
+		case err == nil:
+			until = next
+			timer.Reset(every)
+		case !s.opts.Now().Before(until): // renewals failed until the lease ran out
+			cancel(ErrLeaseLost)
+		default: // failed for now: try again soon
 			timer.Reset(every)
 		}
 	})

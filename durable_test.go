@@ -424,3 +424,44 @@ func TestLostLeaseIsFenced(t *testing.T) {
 	assert.Equal(t, "new-owner", rec.Token)
 	assert.Equal(t, `{"ID":9,"Amount":9}`, string(rec.Value), "the record keeps the new owner's outcome")
 }
+
+// A different payload is refused at once, even while the key is in flight
+// in another store.
+func TestMismatchWhileInFlightElsewhere(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	a, other := durableStore(t, b, idem.Options{}), durableStore(t, b, idem.Options{})
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = a.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) {
+			close(started)
+			<-release
+			return order{}, nil
+		})
+	}()
+	<-started
+	_, err := other.RunOnce(context.Background(), "k", "another payload", func(context.Context) (order, error) { return order{}, nil })
+	assert.ErrorIs(t, err, idem.ErrPayloadMismatch)
+	close(release)
+	<-done
+}
+
+// When renewals keep failing (a partition), fn learns that its lease ran
+// out: past that point another store may take the key for interrupted.
+func TestLeaseRunsOutUnderPartition(t *testing.T) {
+	b := idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: func(op string) error {
+		if op == "Renew" {
+			return errors.New("network partition")
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{Lease: 60 * time.Millisecond})
+	var cause error
+	_, _ = s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return order{}, errors.New("gave up")
+	})
+	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
+}

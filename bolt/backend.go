@@ -351,7 +351,7 @@ func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error
 	return rec, found, err
 }
 
-func (b *Backend) Renew(ctx context.Context, key, token string, until time.Time) error {
+func (b *Backend) Renew(ctx context.Context, key, token string, now, until time.Time) error {
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
@@ -359,8 +359,8 @@ func (b *Backend) Renew(ctx context.Context, key, token string, until time.Time)
 		if err != nil {
 			return err
 		}
-		if claim.State != idem.StatePending {
-			return fmt.Errorf("%w: key %q is %s", idem.ErrNotOwner, key, claim.State)
+		if claim.State != idem.StatePending || claim.Lapsed(now) {
+			return fmt.Errorf("%w: key %q is %s, its lease until %v", idem.ErrNotOwner, key, claim.State, claim.LeaseUntil)
 		}
 		claim.LeaseUntil = until
 		return put(records, claim)

@@ -222,8 +222,9 @@ func testRenewChecksToken(t *testing.T, b idem.Backend) {
 	_, _, err := b.Claim(ctx, claim, epoch)
 	require.NoError(t, err)
 	later := epoch.Add(time.Hour)
-	assert.ErrorIs(t, b.Renew(ctx, "k", token(), later), idem.ErrNotOwner)
-	require.NoError(t, b.Renew(ctx, "k", claim.Token, later))
+	assert.ErrorIs(t, b.Renew(ctx, "k", token(), epoch, later), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, epoch.Add(2*time.Minute), later), idem.ErrNotOwner, "a lapsed lease must not come back to life")
+	require.NoError(t, b.Renew(ctx, "k", claim.Token, epoch, later))
 	got, _, err := b.Get(ctx, "k")
 	require.NoError(t, err)
 	claim.LeaseUntil = later
@@ -231,8 +232,8 @@ func testRenewChecksToken(t *testing.T, b idem.Backend) {
 
 	done := completed(claim, "v", time.Hour)
 	require.NoError(t, b.Complete(ctx, done))
-	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, later), idem.ErrNotOwner, "a completed record has no lease to renew")
-	assert.ErrorIs(t, b.Renew(ctx, "absent", claim.Token, later), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, epoch, later), idem.ErrNotOwner, "a completed record has no lease to renew")
+	assert.ErrorIs(t, b.Renew(ctx, "absent", claim.Token, epoch, later), idem.ErrNotOwner)
 }
 
 func testCompletedRecordExpires(t *testing.T, b idem.Backend) {

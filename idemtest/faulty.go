@@ -54,11 +54,11 @@ func (f Faulty) Get(ctx context.Context, key string) (idem.Record, bool, error) 
 	return f.Backend.Get(ctx, key)
 }
 
-func (f Faulty) Renew(ctx context.Context, key, token string, until time.Time) error {
+func (f Faulty) Renew(ctx context.Context, key, token string, now, until time.Time) error {
 	if err := f.fail("Renew"); err != nil {
 		return err
 	}
-	return f.Backend.Renew(ctx, key, token, until)
+	return f.Backend.Renew(ctx, key, token, now, until)
 }
 
 func (f Faulty) Forget(ctx context.Context, key string, now time.Time) error {

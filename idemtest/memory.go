@@ -82,14 +82,14 @@ func (m *MemoryBackend) Get(ctx context.Context, key string) (idem.Record, bool,
 	return clone(rec), ok, nil
 }
 
-func (m *MemoryBackend) Renew(ctx context.Context, key, token string, until time.Time) error {
+func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now, until time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[key]
-	if !ok || rec.Token != token || rec.State != idem.StatePending {
+	if !ok || rec.Token != token || rec.State != idem.StatePending || rec.Lapsed(now) {
 		return idem.ErrNotOwner
 	}
 	rec.LeaseUntil = until

@@ -121,9 +121,10 @@ RETURNING true, ` + columns,
     value = $6, failed = $7, err_msg = $8
 WHERE key = $1 AND token = $2 AND state <> 2`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state <> 2`,
-		renew:   `UPDATE ` + t + ` SET lease_until = $3 WHERE key = $1 AND token = $2 AND state = 1`,
-		get:     `SELECT ` + columns + ` FROM ` + t + ` WHERE key = $1`,
-		all:     `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
+		renew: `UPDATE ` + t + ` SET lease_until = $3
+WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_until > $4)`,
+		get: `SELECT ` + columns + ` FROM ` + t + ` WHERE key = $1`,
+		all: `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
 		forget: `DELETE FROM ` + t + ` WHERE key = $1
     AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > $2))`,
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE key = $1)`,
@@ -172,8 +173,8 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	return owned(tag, err, key)
 }
 
-func (b *Backend) Renew(ctx context.Context, key, token string, until time.Time) error {
-	tag, err := b.pool.Exec(ctx, b.q.renew, key, token, until)
+func (b *Backend) Renew(ctx context.Context, key, token string, now, until time.Time) error {
+	tag, err := b.pool.Exec(ctx, b.q.renew, key, token, until, now)
 	return owned(tag, err, key)
 }
 

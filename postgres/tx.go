@@ -45,7 +45,9 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		return zero, err
 	}
 
-	tx, err := b.pool.Begin(ctx)
+	// Read committed, whatever the server's default: a duplicate must see
+	// the row the first transaction committed once it stops waiting on it.
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return zero, &idem.BackendError{Op: "claim", Err: err}
 	}
@@ -83,7 +85,14 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		if won {
 			return runTx(ctx, store, b, tx, claim, fn)
 		}
-		return zero, fmt.Errorf("%w: taken over by another claim", idem.ErrInProgress)
+		// Another transaction took it over first and has committed: read
+		// what it left.
+		if rows, err = tx.Query(ctx, b.q.get, key); err == nil {
+			rec, found, err = scanOne(rows)
+		}
+		if err != nil || !found {
+			return zero, &idem.BackendError{Op: "claim", Err: fmt.Errorf("key %q: no record after a takeover: %v", key, err)}
+		}
 	}
 	switch {
 	case rec.Fingerprint != fp:

@@ -15,9 +15,15 @@
 //
 // Durability: Redis acknowledges a write before it reaches disk unless told
 // otherwise. The guarantee that a claim survives a Redis restart needs
-// appendonly yes with appendfsync always (or WAIT for replicas); with
-// everysec a crash can lose the last second of claims and outcomes, and a
-// lost claim lets a retry run again.
+// appendonly yes with appendfsync always; with everysec a crash can lose the
+// last second of claims and outcomes, and a lost claim lets a retry run
+// again. Replication is asynchronous and the backend issues no WAIT, so a
+// failover (Sentinel, Cluster) can lose acknowledged claims in the same way.
+//
+// Clocks: leases and expiry compare the callers' clocks with each other and
+// with Redis's (completed records expire at PXAT, their expiry by the
+// caller's clock). Keep them in sync. Needs Redis 7.0 or later
+// (PEXPIRETIME).
 package redis
 
 import (
@@ -66,6 +72,9 @@ func (b *Backend) key(k string) string { return b.prefix + "k:" + k }
 
 // encode writes rec as the header the scripts read, then the record.
 func encode(rec idem.Record) (string, error) {
+	if strings.ContainsRune(rec.Token, '|') {
+		return "", fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
+	}
 	blob, err := rec.MarshalBinary()
 	if err != nil {
 		return "", err
@@ -143,12 +152,14 @@ if tok ~= ARGV[1] or st == '2' then return 0 end
 redis.call('DEL', KEYS[1])
 return 1`)
 
-	// KEYS[1] key; ARGV[1] token, ARGV[2] record with the new lease.
+	// KEYS[1] key; ARGV[1] token, ARGV[2] record with the new lease,
+	// ARGV[3] now (ms). A lapsed lease is not renewed.
 	renewScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local st, _, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
+local st, lease, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
 if tok ~= ARGV[1] or st ~= '1' then return 0 end
+if lease ~= '0' and tonumber(lease) <= tonumber(ARGV[3]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1`)
 
@@ -221,12 +232,12 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	return owned(n, err, key)
 }
 
-func (b *Backend) Renew(ctx context.Context, key, token string, until time.Time) error {
+func (b *Backend) Renew(ctx context.Context, key, token string, now, until time.Time) error {
 	rec, ok, err := b.Get(ctx, key)
 	if err != nil {
 		return err
 	}
-	if !ok || rec.Token != token {
+	if !ok || rec.Token != token || rec.Lapsed(now) {
 		return fmt.Errorf("%w: key %q", idem.ErrNotOwner, key)
 	}
 	rec.LeaseUntil = until
@@ -234,7 +245,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, until time.Time)
 	if err != nil {
 		return err
 	}
-	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, enc).Int()
+	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, enc, now.UnixMilli()).Int()
 	return owned(n, err, key)
 }
 
@@ -273,28 +284,30 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 	return b.rdb.ZRem(ctx, b.index, key).Err()
 }
 
-// Sweep deletes completed records that expired at now, soonest first, and
-// tidies the expiry index. Redis expires records by itself at their expiry;
-// Sweep matters when now runs ahead of Redis's clock, and for the index.
+// Sweep clears up to limit entries from the expiry index that expired at
+// now, soonest first, deleting each one's record if it is still there and
+// completed (Redis has most often expired it already), and returns how many
+// entries it cleared, so that a caller sweeps on while there are more.
 func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
 	keys, err := b.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
 		Key: b.index, Start: "-inf", Stop: strconv.FormatInt(now.UnixMilli(), 10), ByScore: true, Count: int64(limit),
 	}).Result()
+	if err != nil || len(keys) == 0 {
+		return 0, err
+	}
+	_, err = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		members := make([]any, len(keys))
+		for i, k := range keys {
+			sweepScript.Run(ctx, p, []string{b.key(k)}, now.UnixMilli())
+			members[i] = k
+		}
+		p.ZRem(ctx, b.index, members...)
+		return nil
+	})
 	if err != nil {
 		return 0, err
 	}
-	deleted := 0
-	for _, k := range keys {
-		n, err := sweepScript.Run(ctx, b.rdb, []string{b.key(k)}, now.UnixMilli()).Int()
-		if err != nil {
-			return deleted, err
-		}
-		deleted += n
-		if err := b.rdb.ZRem(ctx, b.index, k).Err(); err != nil {
-			return deleted, err
-		}
-	}
-	return deleted, nil
+	return len(keys), nil
 }
 
 // Each calls fn for every record under the backend's prefix, stopping at

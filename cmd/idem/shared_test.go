@@ -26,7 +26,7 @@ func TestSharedBackends(t *testing.T) {
 		CreatedAt: now.Add(-time.Hour), LeaseUntil: now.Add(-59 * time.Minute)}
 	for _, tc := range []struct {
 		name, where, table string
-		backend             func(t *testing.T) idem.Backend
+		backend            func(t *testing.T) idem.Backend
 	}{
 		{"postgres", os.Getenv("IDEM_POSTGRES_DSN"), "idem_cli_" + suffix, func(t *testing.T) idem.Backend {
 			pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))

@@ -159,6 +159,9 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 		v, err = fresh.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 3, nil })
 		require.NoError(t, err)
 		assert.Equal(t, 2, v, "the record keeps the new owner's outcome")
+		v, err = old.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 4, nil })
+		require.NoError(t, err)
+		assert.Equal(t, 2, v, "the fenced store answers with the new owner's outcome, not its own refused one")
 	})
 }
 

@@ -4,10 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -93,24 +93,42 @@ func TestKilledOwner(t *testing.T) {
 		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 		assert.Zero(t, runs.Load())
 
-		// Four stores, as four processes would, retry it at once.
-		var wg sync.WaitGroup
-		start := make(chan struct{})
+		// Four processes retry it at once, with RetryInterrupted.
+		effects := "idem_retry_effects_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))
+		require.NoError(t, err)
+		defer pool.Close()
+		_, err = pool.Exec(ctx, "CREATE TABLE "+effects+" (key text NOT NULL, pid int NOT NULL)")
+		require.NoError(t, err)
+		defer pool.Exec(ctx, "DROP TABLE IF EXISTS "+effects)
+		var retries []*exec.Cmd
+		var gos []io.WriteCloser
 		for range 4 {
-			r := idem.New[int](idem.Options{Backend: b, RetryInterrupted: true})
-			defer r.Close()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				v, err := r.RunOnce(ctx, "k", "p", fn)
-				assert.NoError(t, err)
-				assert.Equal(t, 7, v)
-			}()
+			c := exec.Command(os.Args[0], "-test.run=^$")
+			c.Env = append(os.Environ(), childEnv+"="+kind, tableEnv+"="+name, effectsEnv+"="+effects, retryEnv+"=k")
+			c.Stderr = os.Stderr
+			in, err := c.StdinPipe()
+			require.NoError(t, err)
+			out, err := c.StdoutPipe()
+			require.NoError(t, err)
+			require.NoError(t, c.Start())
+			line, err := bufio.NewReader(out).ReadString('\n')
+			require.NoError(t, err)
+			require.Equal(t, "ready\n", line)
+			retries, gos = append(retries, c), append(gos, in)
 		}
-		close(start)
-		wg.Wait()
-		assert.Equal(t, int32(1), runs.Load(), "exactly one process re-executes")
+		for _, in := range gos {
+			_, err := io.WriteString(in, "go\n")
+			require.NoError(t, err)
+			in.Close()
+		}
+		for _, c := range retries {
+			require.NoError(t, c.Wait(), "a retrying process failed")
+		}
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
+		assert.Equal(t, 1, n, "exactly one process re-executes")
+		assert.Zero(t, runs.Load(), "this process only watched")
 	})
 }
 

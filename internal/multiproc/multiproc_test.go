@@ -28,8 +28,9 @@ const (
 	tableEnv   = "IDEM_MULTIPROC_TABLE" // the backend's table or key prefix
 	effectsEnv = "IDEM_MULTIPROC_EFFECTS"
 	keysEnv    = "IDEM_MULTIPROC_KEYS"
-	holdEnv    = "IDEM_MULTIPROC_HOLD" // set: claim this key, say "ready" inside fn, and block there
-	txEnv      = "IDEM_MULTIPROC_TX"   // with holdEnv: hold the key inside postgres.RunOnceTx, after a write to the effects table
+	holdEnv    = "IDEM_MULTIPROC_HOLD"  // set: claim this key, say "ready" inside fn, and block there
+	txEnv      = "IDEM_MULTIPROC_TX"    // with holdEnv: hold the key inside postgres.RunOnceTx, after a write to the effects table
+	retryEnv   = "IDEM_MULTIPROC_RETRY" // set: after "ready" and a line on stdin, run this key with RetryInterrupted, its effect an INSERT
 )
 
 // holdLease is the lease of the claim a "hold" child takes.
@@ -68,6 +69,19 @@ func child() error {
 			}
 			fmt.Println("ready")
 			select {} // until SIGKILL
+		})
+		return err
+	}
+	if key := os.Getenv(retryEnv); key != "" {
+		store := idem.New[int](idem.Options{Backend: backend, RetryInterrupted: true, TTL: time.Minute})
+		defer store.Close()
+		fmt.Println("ready")
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			return err
+		}
+		_, err := store.RunOnce(ctx, key, "p", func(ctx context.Context) (int, error) {
+			_, err := pool.Exec(ctx, "INSERT INTO "+os.Getenv(effectsEnv)+" (key, pid) VALUES ($1, $2)", key, os.Getpid())
+			return 7, err
 		})
 		return err
 	}

@@ -1,15 +1,11 @@
 package multiproc
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -58,17 +54,8 @@ func eachBackend(t *testing.T, test func(t *testing.T, kind, name string, b idem
 // RetryInterrupted exactly one of many processes runs it again.
 func TestKilledOwner(t *testing.T) {
 	eachBackend(t, func(t *testing.T, kind, name string, b idem.Backend) {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k")
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		line, err := bufio.NewReader(out).ReadString('\n')
-		require.NoError(t, err)
-		require.Equal(t, "ready\n", line, "the child holds the claim inside fn")
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		_ = cmd.Wait()
+		// The child says ready from inside fn, holding the claim.
+		startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k").kill(t)
 
 		ctx := context.Background()
 		var runs atomic.Int32
@@ -76,7 +63,7 @@ func TestKilledOwner(t *testing.T) {
 		s := idem.New[int](idem.Options{Backend: b})
 		defer s.Close()
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		_, err = s.RunOnce(short, "k", "p", fn)
+		_, err := s.RunOnce(short, "k", "p", fn)
 		cancel()
 		assert.ErrorIs(t, err, idem.ErrInProgress, "the dead owner's lease still holds")
 
@@ -101,29 +88,15 @@ func TestKilledOwner(t *testing.T) {
 		_, err = pool.Exec(ctx, "CREATE TABLE "+effects+" (key text NOT NULL, pid int NOT NULL)")
 		require.NoError(t, err)
 		defer pool.Exec(ctx, "DROP TABLE IF EXISTS "+effects)
-		var retries []*exec.Cmd
-		var gos []io.WriteCloser
+		var retries []*child
 		for range 4 {
-			c := exec.Command(os.Args[0], "-test.run=^$")
-			c.Env = append(os.Environ(), childEnv+"="+kind, tableEnv+"="+name, effectsEnv+"="+effects, retryEnv+"=k")
-			c.Stderr = os.Stderr
-			in, err := c.StdinPipe()
-			require.NoError(t, err)
-			out, err := c.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, c.Start())
-			line, err := bufio.NewReader(out).ReadString('\n')
-			require.NoError(t, err)
-			require.Equal(t, "ready\n", line)
-			retries, gos = append(retries, c), append(gos, in)
+			retries = append(retries, startChild(t, childEnv+"="+kind, tableEnv+"="+name, effectsEnv+"="+effects, retryEnv+"=k"))
 		}
-		for _, in := range gos {
-			_, err := io.WriteString(in, "go\n")
-			require.NoError(t, err)
-			in.Close()
+		for _, c := range retries { // all at once
+			c.goOn(t)
 		}
 		for _, c := range retries {
-			require.NoError(t, c.Wait(), "a retrying process failed")
+			c.wait(t)
 		}
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
@@ -202,17 +175,8 @@ func TestKilledTransaction(t *testing.T) {
 	b, _, err := open(ctx, "postgres", pool, table)
 	require.NoError(t, err)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=postgres", tableEnv+"="+table, effectsEnv+"="+effects, holdEnv+"=k", txEnv+"=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	require.Equal(t, "ready\n", line, "the child has written and holds the transaction open")
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
+	// The child says ready once it has written and holds the transaction open.
+	startChild(t, childEnv+"=postgres", tableEnv+"="+table, effectsEnv+"="+effects, holdEnv+"=k", txEnv+"=1").kill(t)
 
 	// The server rolls the transaction back when the connection drops; a
 	// claim of the key waits on its row lock until then.

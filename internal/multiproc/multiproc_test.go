@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"testing"
@@ -38,7 +37,7 @@ const holdLease = 3 * time.Second
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
-		if err := child(); err != nil {
+		if err := runChild(); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			os.Exit(1)
 		}
@@ -47,9 +46,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// child runs one process's share of the race: every key, from 16
+// runChild runs one process's share of the race: every key, from 16
 // goroutines, each side effect an INSERT into the effects table.
-func child() error {
+func runChild() error {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))
 	if err != nil {
@@ -171,32 +170,15 @@ func TestRaceAcrossProcesses(t *testing.T) {
 				table = "idemrace:" + suffix + ":"
 			}
 
-			var children []*exec.Cmd
-			var starts []*bufio.Writer
-			var stdins []interface{ Close() error }
+			var children []*child
 			for range processes {
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), childEnv+"="+kind, tableEnv+"="+table, effectsEnv+"="+effects, keysEnv+"="+strconv.Itoa(keys))
-				cmd.Stderr = os.Stderr
-				in, err := cmd.StdinPipe()
-				require.NoError(t, err)
-				out, err := cmd.StdoutPipe()
-				require.NoError(t, err)
-				require.NoError(t, cmd.Start())
-				line, err := bufio.NewReader(out).ReadString('\n')
-				require.NoError(t, err)
-				require.Equal(t, "ready\n", line)
-				children = append(children, cmd)
-				starts = append(starts, bufio.NewWriter(in))
-				stdins = append(stdins, in)
+				children = append(children, startChild(t, childEnv+"="+kind, tableEnv+"="+table, effectsEnv+"="+effects, keysEnv+"="+strconv.Itoa(keys)))
 			}
-			for i, w := range starts { // all at once
-				fmt.Fprintln(w, "go")
-				require.NoError(t, w.Flush())
-				stdins[i].Close()
+			for _, c := range children { // all at once
+				c.goOn(t)
 			}
-			for _, cmd := range children {
-				require.NoError(t, cmd.Wait(), "a child process failed")
+			for _, c := range children {
+				c.wait(t)
 			}
 
 			var total, distinct, worst int

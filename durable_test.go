@@ -213,7 +213,7 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 		}
 		return nil
 	}}
-	clock := &testClock{now: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)}
+	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 	s := durableStore(t, b, idem.Options{Now: clock.Now, TTL: time.Hour})
 	calls, fn := countingFn(order{7, 7})
 	ctx := context.Background()
@@ -247,40 +247,18 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 
 func TestBackendSweep(t *testing.T) {
 	b := idemtest.NewMemoryBackend()
-	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
-	var mu sync.Mutex
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	s := durableStore(t, b, idem.Options{TTL: time.Minute, Now: clock, SweepInterval: -1})
+	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	s := durableStore(t, b, idem.Options{TTL: time.Minute, Now: clock.Now, SweepInterval: -1})
 	_, fn := countingFn(order{})
 	for i := range 2500 {
 		_, err := s.RunOnce(context.Background(), fmt.Sprint("k", i), nil, fn)
 		require.NoError(t, err)
 	}
-	mu.Lock()
-	now = now.Add(time.Minute)
-	mu.Unlock()
+	clock.Advance(time.Minute)
 	n, err := s.Sweep(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 2500, n, "Sweep must go on past one backend batch")
 	assert.Zero(t, b.Len())
-}
-
-// testClock is a clock that moves only when told to.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
 }
 
 func TestUnreleasedFailureIsPinned(t *testing.T) {
@@ -366,7 +344,7 @@ func TestWaitsForAnotherStore(t *testing.T) {
 // interrupted, and RetryInterrupted takes it over.
 func TestLapsedLeaseIsInterrupted(t *testing.T) {
 	b := idemtest.NewMemoryBackend()
-	clock := &testClock{now: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)}
+	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 	ctx := context.Background()
 	dead := idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead", State: idem.StatePending,
 		CreatedAt: clock.Now(), LeaseUntil: clock.Now().Add(30 * time.Second)}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	bbolt "go.etcd.io/bbolt"
@@ -148,10 +149,8 @@ func TestCompletedKeysLeaveMemory(t *testing.T) {
 // short TTL the file stops growing: freed pages are reused.
 func TestSweepKeepsFileBounded(t *testing.T) {
 	b, path := openTemp(t, &Options{noSync: true})
-	var mu sync.Mutex
-	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	s := idem.New[receipt](idem.Options{Backend: b, TTL: time.Minute, Now: clock, SweepInterval: -1})
+	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	s := idem.New[receipt](idem.Options{Backend: b, TTL: time.Minute, Now: clock.Now, SweepInterval: -1})
 	defer s.Close()
 	ctx := context.Background()
 
@@ -160,9 +159,7 @@ func TestSweepKeepsFileBounded(t *testing.T) {
 	sizes := make([]int64, rounds)
 	for r := range rounds {
 		runKeys(t, s, 0, perRound, 16, func(i int) string { return fmt.Sprintf("round-%02d-key-%05d", r, i) })
-		mu.Lock()
-		now = now.Add(time.Minute) // this round's keys expire
-		mu.Unlock()
+		clock.Advance(time.Minute) // this round's keys expire
 		n, err := s.Sweep(ctx)
 		require.NoError(t, err)
 		require.Equal(t, perRound, n, "round %d", r)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,32 +18,24 @@ import (
 )
 
 // eachBackend runs test against a fresh postgres table and a fresh redis
-// prefix, skipping those whose service is not configured.
-func eachBackend(t *testing.T, test func(t *testing.T, kind, name string, b idem.Backend)) {
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN is not set")
-	}
+// prefix, with pool for counting side effects, skipping those whose service
+// is not configured.
+func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind, name string, b idem.Backend)) {
+	pool := testPool(t)
 	for _, kind := range []string{"postgres", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
 				t.Skip("IDEM_REDIS_ADDR is not set")
 			}
-			ctx := context.Background()
-			pool, err := pgxpool.New(ctx, dsn)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
-			name := "idem_lease_" + suffix
-			if kind == "redis" {
-				name = "idemlease:" + suffix + ":"
-			} else {
-				t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+name) })
+			name := uniqueName("idemlease:") + ":"
+			if kind == "postgres" {
+				name = uniqueName("idem_lease_")
+				dropLater(t, pool, name)
 			}
-			b, closeBackend, err := open(ctx, kind, pool, name)
+			b, closeBackend, err := open(context.Background(), kind, pool, name)
 			require.NoError(t, err)
 			t.Cleanup(closeBackend)
-			test(t, kind, name, b)
+			test(t, pool, kind, name, b)
 		})
 	}
 }
@@ -53,7 +44,7 @@ func eachBackend(t *testing.T, test func(t *testing.T, kind, name string, b idem
 // told the key is in progress; after, its outcome is unknown; and with
 // RetryInterrupted exactly one of many processes runs it again.
 func TestKilledOwner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, kind, name string, b idem.Backend) {
+	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b idem.Backend) {
 		// The child says ready from inside fn, holding the claim.
 		startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k").kill(t)
 
@@ -81,13 +72,7 @@ func TestKilledOwner(t *testing.T) {
 		assert.Zero(t, runs.Load())
 
 		// Four processes retry it at once, with RetryInterrupted.
-		effects := "idem_retry_effects_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-		pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))
-		require.NoError(t, err)
-		defer pool.Close()
-		_, err = pool.Exec(ctx, "CREATE TABLE "+effects+" (key text NOT NULL, pid int NOT NULL)")
-		require.NoError(t, err)
-		defer pool.Exec(ctx, "DROP TABLE IF EXISTS "+effects)
+		effects := effectsTable(t, pool)
 		var retries []*child
 		for range 4 {
 			retries = append(retries, startChild(t, childEnv+"="+kind, tableEnv+"="+name, effectsEnv+"="+effects, retryEnv+"=k"))
@@ -98,9 +83,7 @@ func TestKilledOwner(t *testing.T) {
 		for _, c := range retries {
 			c.wait(t)
 		}
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
-		assert.Equal(t, 1, n, "exactly one process re-executes")
+		assert.Equal(t, 1, countRows(t, pool, "SELECT count(*) FROM "+effects), "exactly one process re-executes")
 		assert.Zero(t, runs.Load(), "this process only watched")
 	})
 }
@@ -109,7 +92,7 @@ func TestKilledOwner(t *testing.T) {
 // loses the key to another store, and cannot then complete over the new
 // owner's outcome.
 func TestStalledOwnerIsFenced(t *testing.T) {
-	eachBackend(t, func(t *testing.T, kind, name string, b idem.Backend) {
+	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b idem.Backend) {
 		ctx := context.Background()
 		stalled := idemtest.Faulty{Backend: b, Fail: func(op string) error {
 			if op == "Renew" {
@@ -159,19 +142,10 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 // A process killed inside postgres.RunOnceTx leaves neither its write nor
 // the key: the transaction dies with it.
 func TestKilledTransaction(t *testing.T) {
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN is not set")
-	}
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dsn)
-	require.NoError(t, err)
-	defer pool.Close()
-	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
-	table, effects := "idem_tx_"+suffix, "idem_tx_effects_"+suffix
-	_, err = pool.Exec(ctx, "CREATE TABLE "+effects+" (key text NOT NULL, pid int NOT NULL)")
-	require.NoError(t, err)
-	defer pool.Exec(ctx, "DROP TABLE IF EXISTS "+effects+", "+table)
+	pool := testPool(t)
+	table, effects := uniqueName("idem_tx_"), effectsTable(t, pool)
+	dropLater(t, pool, table)
 	b, _, err := open(ctx, "postgres", pool, table)
 	require.NoError(t, err)
 
@@ -185,9 +159,7 @@ func TestKilledTransaction(t *testing.T) {
 	v, err := postgresRunOnceTx(ctx, s, effects)
 	require.NoError(t, err)
 	assert.Equal(t, 1, v, "the key was free: this call ran")
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
-	assert.Equal(t, 1, n, "only this call's write: the killed one left none")
+	assert.Equal(t, 1, countRows(t, pool, "SELECT count(*) FROM "+effects), "only this call's write: the killed one left none")
 }
 
 // postgresRunOnceTx runs key "k" transactionally, writing one effect.

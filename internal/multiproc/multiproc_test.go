@@ -147,27 +147,18 @@ func open(ctx context.Context, kind string, pool *pgxpool.Pool, name string) (id
 // TestRaceAcrossProcesses: 4 processes request the same 2,000 keys at once;
 // every key's side effect happens exactly once.
 func TestRaceAcrossProcesses(t *testing.T) {
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN is not set: the side effects are counted in PostgreSQL")
-	}
+	pool := testPool(t)
 	for _, kind := range []string{"postgres", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
 				t.Skip("IDEM_REDIS_ADDR is not set")
 			}
 			const processes, keys = 4, 2000
-			ctx := context.Background()
-			pool, err := pgxpool.New(ctx, dsn)
-			require.NoError(t, err)
-			defer pool.Close()
-			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
-			effects, table := "idem_effects_"+suffix, "idem_race_"+suffix
-			_, err = pool.Exec(ctx, "CREATE TABLE "+effects+" (key text NOT NULL, pid int NOT NULL)")
-			require.NoError(t, err)
-			defer pool.Exec(ctx, "DROP TABLE IF EXISTS "+effects+", "+table)
-			if kind == "redis" {
-				table = "idemrace:" + suffix + ":"
+			effects := effectsTable(t, pool)
+			table := uniqueName("idemrace:") + ":"
+			if kind == "postgres" {
+				table = uniqueName("idem_race_")
+				dropLater(t, pool, table)
 			}
 
 			var children []*child
@@ -181,12 +172,9 @@ func TestRaceAcrossProcesses(t *testing.T) {
 				c.wait(t)
 			}
 
-			var total, distinct, worst int
-			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT key) FROM "+effects).Scan(&total, &distinct))
-			require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM "+effects+" GROUP BY key) g").Scan(&worst))
-			require.Equal(t, keys, distinct, "every key's side effect happened")
-			require.Equal(t, 1, worst, "a key's side effect happened more than once")
-			require.Equal(t, keys, total)
+			require.Equal(t, keys, countRows(t, pool, "SELECT count(DISTINCT key) FROM "+effects), "every key's side effect happened")
+			require.Equal(t, 1, countRows(t, pool, "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM "+effects+" GROUP BY key) g"), "a key's side effect happened more than once")
+			require.Equal(t, keys, countRows(t, pool, "SELECT count(*) FROM "+effects))
 		})
 	}
 }

@@ -1,0 +1,55 @@
+package multiproc
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// testPool connects to the database IDEM_POSTGRES_DSN names, closed when the
+// test ends, or skips the test: every test here counts side effects there.
+func testPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	dsn := os.Getenv("IDEM_POSTGRES_DSN")
+	if dsn == "" {
+		t.Skip("IDEM_POSTGRES_DSN is not set: the side effects are counted in PostgreSQL")
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// uniqueName is prefix and a suffix no other test run shares.
+func uniqueName(prefix string) string {
+	return prefix + strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
+// dropLater drops table when the test ends.
+func dropLater(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+}
+
+// effectsTable creates a table with a row per side effect (the key, and the
+// pid of the process that caused it), dropped when the test ends.
+func effectsTable(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	table := uniqueName("idem_effects_")
+	_, err := pool.Exec(context.Background(), "CREATE TABLE "+table+" (key text NOT NULL, pid int NOT NULL)")
+	require.NoError(t, err)
+	dropLater(t, pool, table)
+	return table
+}
+
+// countRows runs a query that returns one number.
+func countRows(t *testing.T, pool *pgxpool.Pool, query string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), query).Scan(&n))
+	return n
+}

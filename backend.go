@@ -17,8 +17,8 @@ type RecordState uint8
 
 const (
 	// StatePending: the key is claimed and its owner has not yet recorded
-	// an outcome. If its lease has lapsed (Record.Lapsed), the owner is gone
-	// and the record is treated as interrupted.
+	// an outcome. If its lease has lapsed, the owner is gone and backends
+	// report the record as interrupted.
 	StatePending RecordState = iota + 1
 	// StateCompleted: a final outcome is recorded until ExpiresAt.
 	StateCompleted
@@ -70,43 +70,71 @@ type Record struct {
 // A Backend never interprets Value, Fingerprint or Token; it stores and
 // returns them byte for byte. It compares tokens and states only as each
 // method below says.
+//
+// # Time
+//
+// Leases and expiry decide ownership, so one clock must judge them. The
+// methods get durations (a lease, a TTL) and now, the Store's clock
+// (Options.Now) at the call. A backend local to one process (memory,
+// bbolt) judges by now. A backend shared between machines must not: it
+// makes every instant it stores or compares from its server's clock when it
+// executes the call (PostgreSQL now(), Redis TIME) and ignores now, so that
+// skew between application hosts can never hand a live claim to a second
+// owner. Records it returns carry its instants.
+//
+// Records come back as the backend's clock sees them at the call: a pending
+// record whose lease has lapsed is returned with State StateInterrupted (its
+// owner is gone), and a completed record that has expired is not returned
+// at all.
+//
+// # Ambiguity
+//
+// A write whose reply was lost may or may not have landed. The Store
+// settles it with the claim's token: it repeats the write or reads the
+// record back (Get) and compares the token. So Complete and Release must be
+// safe to repeat (a repeat that finds its own write done reports
+// ErrNotOwner, which the Store then checks with Get), and Claim may return
+// a standing record that holds rec.Token: an earlier attempt of this same
+// claim landed, and the caller owns it.
 type Backend interface {
-	// Claim stores rec, whose State is StatePending, if rec.Key has no
-	// record or its record is completed and expired at now, and reports
-	// true. Otherwise it stores nothing and returns the existing record and
-	// false. The test and the write are one atomic step: of any number of
-	// concurrent claims of a key, exactly one wins.
-	Claim(ctx context.Context, rec Record, now time.Time) (Record, bool, error)
+	// Claim stores a pending record of rec.Key with rec's Fingerprint and
+	// Token, CreatedAt the backend's now and LeaseUntil lease after it (zero
+	// for lease 0), if rec.Key has no record or its record is completed and
+	// expired, and returns that record and true. Otherwise it stores nothing
+	// and returns the standing record and false. The test and the write are
+	// one atomic step: of any number of concurrent claims of a key, exactly
+	// one wins.
+	Claim(ctx context.Context, rec Record, now time.Time, lease time.Duration) (Record, bool, error)
 
-	// Complete replaces the record of rec.Key with rec, whose State is
-	// StateCompleted, if that record is pending or interrupted and its Token
-	// equals rec.Token. Otherwise it changes nothing and returns an error
-	// matching ErrNotOwner.
-	Complete(ctx context.Context, rec Record) error
+	// Complete records the outcome in rec (Value, Failed, ErrMsg) for
+	// rec.Key, completed and expiring ttl after the backend's now, if the
+	// key's record is pending or interrupted and its Token equals rec.Token.
+	// The record keeps its Fingerprint, Token and CreatedAt. Otherwise it
+	// changes nothing and returns an error matching ErrNotOwner.
+	Complete(ctx context.Context, rec Record, now time.Time, ttl time.Duration) error
 
 	// Release deletes key's record if it is pending or interrupted and its
 	// Token equals token, so the key may be claimed afresh. Otherwise it
 	// changes nothing and returns an error matching ErrNotOwner.
 	Release(ctx context.Context, key, token string) error
 
-	// Renew sets the LeaseUntil of key's pending record to until, if its
-	// Token equals token and its lease has not lapsed at now. Otherwise it
-	// changes nothing and returns an error matching ErrNotOwner: the claim
-	// was lost, or may have been taken for interrupted by another store,
-	// and must not come back to life.
-	Renew(ctx context.Context, key, token string, now, until time.Time) error
+	// Renew sets the lease of key's pending record to lease after the
+	// backend's now, if its Token equals token and its lease has not
+	// lapsed. Otherwise it changes nothing and returns an error matching
+	// ErrNotOwner: the claim was lost, or may have been taken for
+	// interrupted by another store, and must not come back to life.
+	Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error
 
-	// Get returns key's record, and false if there is none. An expired
-	// record may still be returned until it is swept.
-	Get(ctx context.Context, key string) (Record, bool, error)
+	// Get returns key's record, and false if there is none or it expired.
+	Get(ctx context.Context, key string, now time.Time) (Record, bool, error)
 
 	// Forget deletes key's record, completed or interrupted (or pending with
-	// a lease lapsed at now): the operator's reconciliation. A pending record
-	// whose lease holds is refused with an error matching ErrInProgress. An
+	// a lapsed lease): the operator's reconciliation. A pending record whose
+	// lease holds is refused with an error matching ErrInProgress. An
 	// absent key is not an error.
 	Forget(ctx context.Context, key string, now time.Time) error
 
-	// Sweep deletes at most limit completed records that expired at now,
+	// Sweep deletes at most limit completed records that have expired,
 	// oldest expiry first, and returns how many it deleted. Pending and
 	// interrupted records are never swept.
 	Sweep(ctx context.Context, now time.Time, limit int) (int, error)

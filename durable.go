@@ -19,19 +19,21 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 	b := s.opts.Backend
 	retried := false
 	for {
-		now := s.opts.Now()
-		claim := Record{Key: key, Fingerprint: fp, Token: newToken(), State: StatePending, CreatedAt: now, LeaseUntil: now.Add(s.opts.Lease)}
-		rec, claimed, err := b.Claim(ctx, claim, now)
+		claim := Record{Key: key, Fingerprint: fp, Token: newToken(), State: StatePending}
+		// The lease is trusted from before the claim leaves: whatever clock
+		// the backend uses, it cannot have granted the lease any earlier.
+		sent := time.Now()
+		rec, claimed, err := s.claimDurable(ctx, claim)
 		switch {
 		case err != nil:
-			return val, &BackendError{Op: "claim", Err: err}, false
+			return val, err, false
 		case claimed:
-			return s.runClaimed(ctx, claim, fn)
+			return s.runClaimed(ctx, rec, sent, fn)
 		}
 		if rec.Fingerprint != fp {
 			return val, ErrPayloadMismatch, false
 		}
-		if rec.State == StatePending && !rec.Lapsed(now) {
+		if rec.State == StatePending {
 			// In flight through another store, most likely another process:
 			// wait for its outcome.
 			if rec, err = s.awaitSettled(ctx, key); err != nil {
@@ -60,6 +62,35 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 	}
 }
 
+// claimDurable claims claim.Key in the backend. A standing record that holds
+// claim's own token is this claim: an earlier attempt landed and its reply
+// was lost (a client library that retried, or the read-back below). A claim
+// that fails is read back: if it landed after all, this store owns the key;
+// if the read fails too, nobody can tell, so the claim is released in the
+// background, once the backend answers, rather than left to strand the key.
+func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool, error) {
+	b := s.opts.Backend
+	rec, claimed, err := b.Claim(ctx, claim, s.opts.Now(), s.opts.Lease)
+	if err == nil {
+		return rec, claimed || rec.Token == claim.Token, nil
+	}
+	if errors.Is(err, ErrClosed) { // refused outright: nothing was written
+		return Record{}, false, &BackendError{Op: "claim", Err: err}
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.settleTimeout())
+	defer cancel()
+	rec, found, gerr := b.Get(rctx, claim.Key, s.opts.Now())
+	switch {
+	case gerr == nil && found && rec.Token == claim.Token && rec.State == StatePending:
+		return rec, true, nil
+	case gerr != nil || (found && rec.Token == claim.Token):
+		// Unknown, or landed so late that its lease has lapsed: fn must
+		// not run under it, and the key must not stay interrupted by it.
+		s.releaseLater(claim.Key, claim.Token)
+	}
+	return Record{}, false, &BackendError{Op: "claim", Err: err}
+}
+
 // Polling bounds for a key in flight elsewhere: the first wait, and the most
 // any wait grows to.
 const (
@@ -83,13 +114,13 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (Record, error)
 		case <-ctx.Done():
 			return Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		}
-		rec, ok, err := s.opts.Backend.Get(ctx, key)
+		rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
 		switch {
 		case err != nil:
 			return Record{}, &BackendError{Op: "get", Err: err}
 		case !ok:
 			return Record{}, nil
-		case rec.State != StatePending || rec.Lapsed(s.opts.Now()):
+		case rec.State != StatePending:
 			return rec, nil
 		}
 		wait = min(2*wait, pollMax)
@@ -100,23 +131,22 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (Record, error)
 // runClaimed runs fn under the durable claim and records its outcome: a final
 // outcome is completed, anything else releases the claim. Both use a context
 // that fn's timeout cannot end, so a finished operation is never lost for
-// want of time to record it.
-func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
-	b := s.opts.Backend
+// want of time to record it. sent is when the claim was sent.
+func (s *Store[R]) runClaimed(ctx context.Context, claim Record, sent time.Time, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
 	record := context.WithoutCancel(ctx)
-	ctx, stopRenewing := s.renew(ctx, claim)
+	ctx, stopRenewing := s.renew(ctx, claim, sent)
 	defer stopRenewing()
 	settled := false
 	defer func() {
 		if !settled { // fn called runtime.Goexit: it failed before commit
-			_ = b.Release(record, claim.Key, claim.Token)
+			_ = s.release(record, claim.Key, claim.Token)
 		}
 	}()
 	val, err, returned := call(ctx, fn)
 	stopRenewing()
 	settled = true
 	if !returned || !isFinalOutcome(err) {
-		if rerr := b.Release(record, claim.Key, claim.Token); rerr != nil {
+		if rerr := s.release(record, claim.Key, claim.Token); rerr != nil {
 			// Unless the claim was lost anyway, the record stays pending:
 			// pin the failure so this process answers it rather than "in
 			// progress" until a restart or lapsed lease interrupts the key.
@@ -126,10 +156,9 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, fn func(context
 	}
 
 	done := claim
-	done.State, done.ExpiresAt, done.LeaseUntil = StateCompleted, s.opts.Now().Add(s.opts.TTL), time.Time{}
 	rerr := s.Encode(&done, val, err)
 	if rerr == nil {
-		rerr = b.Complete(record, done)
+		rerr = s.complete(record, done)
 	}
 	if rerr != nil {
 		// Never release a key after fn succeeded: it stays claimed (durably
@@ -150,10 +179,10 @@ func (s *Store[R]) Options() Options { return s.opts }
 // postgres.RunOnceTx) use it to replay what they find.
 func (s *Store[R]) Decode(rec Record) (R, error) { return s.decode(rec) }
 
-// Encode fills the outcome fields of a completed record (Value, Failed,
-// ErrMsg) from fn's result and final error, with the store's Codec.
+// Encode fills the outcome fields of a completed record (State, Value,
+// Failed, ErrMsg) from fn's result and final error, with the store's Codec.
 func (s *Store[R]) Encode(rec *Record, val R, err error) error {
-	rec.Failed, rec.ErrMsg = err != nil, ""
+	rec.State, rec.Failed, rec.ErrMsg = StateCompleted, err != nil, ""
 	if err != nil {
 		rec.ErrMsg = err.Error()
 	}

@@ -165,7 +165,7 @@ func TestInterruptedKeyIsNotRunAgain(t *testing.T) {
 func TestRetryInterruptedRunsAgain(t *testing.T) {
 	b := idemtest.NewMemoryBackend()
 	ctx := context.Background()
-	_, _, err := b.Claim(ctx, idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead-owner", State: idem.StatePending, CreatedAt: time.Now()}, time.Now())
+	_, _, err := b.Claim(ctx, idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead-owner"}, time.Now(), time.Minute)
 	require.NoError(t, err)
 	b.Crash()
 
@@ -175,7 +175,7 @@ func TestRetryInterruptedRunsAgain(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, order{3, 3}, v)
 	assert.Equal(t, int32(1), calls.Load())
-	rec, _, err := b.Get(ctx, "k")
+	rec, _, err := b.Get(ctx, "k", time.Now())
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateCompleted, rec.State)
 }
@@ -214,7 +214,7 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 		return nil
 	}}
 	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
-	s := durableStore(t, b, idem.Options{Now: clock.Now, TTL: time.Hour})
+	s := durableStore(t, b, idem.Options{Now: clock.Now, TTL: time.Hour, SettleTimeout: 50 * time.Millisecond})
 	calls, fn := countingFn(order{7, 7})
 	ctx := context.Background()
 	v, err := s.RunOnce(ctx, "k", "p", fn)
@@ -271,7 +271,7 @@ func TestUnreleasedFailureIsPinned(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{})
+	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond})
 	declined := errors.New("bank unreachable")
 	var calls atomic.Int32
 	fn := func(context.Context) (order, error) { calls.Add(1); return order{}, declined }
@@ -346,9 +346,8 @@ func TestLapsedLeaseIsInterrupted(t *testing.T) {
 	b := idemtest.NewMemoryBackend()
 	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 	ctx := context.Background()
-	dead := idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead", State: idem.StatePending,
-		CreatedAt: clock.Now(), LeaseUntil: clock.Now().Add(30 * time.Second)}
-	_, _, err := b.Claim(ctx, dead, clock.Now())
+	dead := idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead"}
+	_, _, err := b.Claim(ctx, dead, clock.Now(), 30*time.Second)
 	require.NoError(t, err)
 	clock.Advance(time.Minute)
 
@@ -373,15 +372,15 @@ func TestLostLeaseIsFenced(t *testing.T) {
 	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
 		if op == "Renew" {
 			once.Do(func() { // the new owner takes over before the renewal lands
-				old, _, _ := mem.Get(ctx, "k")
+				old, _, _ := mem.Get(ctx, "k", time.Now())
 				require.NoError(t, mem.Release(ctx, "k", old.Token))
 				claim := old
 				claim.Token = "new-owner"
-				_, won, err := mem.Claim(ctx, claim, time.Now())
+				_, won, err := mem.Claim(ctx, claim, time.Now(), time.Minute)
 				require.NoError(t, err)
 				require.True(t, won)
-				claim.State, claim.ExpiresAt, claim.Value = idem.StateCompleted, time.Now().Add(time.Hour), []byte(`{"ID":9,"Amount":9}`)
-				require.NoError(t, mem.Complete(ctx, claim))
+				claim.Value = []byte(`{"ID":9,"Amount":9}`)
+				require.NoError(t, mem.Complete(ctx, claim, time.Now(), time.Hour))
 			})
 		}
 		return nil
@@ -397,7 +396,7 @@ func TestLostLeaseIsFenced(t *testing.T) {
 	var nr *idem.NotRecordedError
 	require.ErrorAs(t, err, &nr)
 	assert.ErrorIs(t, err, idem.ErrNotOwner, "the stale owner is told its outcome was refused")
-	rec, _, err := mem.Get(ctx, "k")
+	rec, _, err := mem.Get(ctx, "k", time.Now())
 	require.NoError(t, err)
 	assert.Equal(t, "new-owner", rec.Token)
 	assert.Equal(t, `{"ID":9,"Amount":9}`, string(rec.Value), "the record keeps the new owner's outcome")

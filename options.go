@@ -61,6 +61,14 @@ type Options struct {
 	// outcome refused. Zero means 30 seconds.
 	Lease time.Duration
 
+	// SettleTimeout bounds how long the store keeps trying to settle a
+	// backend write that failed or whose reply was lost (recording an
+	// outcome, releasing a key): it tries again, on the fresh connection
+	// the client library opens, and reads the record back to learn from
+	// the claim's token whether an earlier try landed. Only then is an
+	// outcome reported as not recorded. Zero or negative means 10 seconds.
+	SettleTimeout time.Duration
+
 	// RetryInterrupted makes the store treat an interrupted key (claimed by
 	// an owner that stopped before recording an outcome) as failed before
 	// commit, and run fn again. Only for operations that are safe to repeat
@@ -77,6 +85,7 @@ const (
 	defaultTTL           = 24 * time.Hour
 	defaultSweepInterval = time.Minute
 	defaultLease         = 30 * time.Second
+	defaultSettleTimeout = 10 * time.Second
 )
 
 // withDefaults returns o with every zero field replaced by its default.
@@ -101,6 +110,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Lease <= 0 {
 		o.Lease = defaultLease
+	}
+	if o.SettleTimeout <= 0 {
+		o.SettleTimeout = defaultSettleTimeout
 	}
 	if o.Codec == nil {
 		o.Codec = JSONCodec{}

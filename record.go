@@ -152,6 +152,19 @@ func (r Record) Expired(now time.Time) bool {
 	return r.State == StateCompleted && !now.Before(r.ExpiresAt)
 }
 
+// SeenAt returns r as a backend that judges time by now reports it: a
+// pending record whose lease has lapsed is interrupted, and a completed
+// record that has expired is gone (false).
+func (r Record) SeenAt(now time.Time) (Record, bool) {
+	switch {
+	case r.Expired(now):
+		return Record{}, false
+	case r.Lapsed(now):
+		r.State = StateInterrupted
+	}
+	return r, true
+}
+
 // Lapsed reports whether r is a pending record whose lease ran out at now:
 // its owner stopped renewing it, so it is as good as interrupted.
 func (r Record) Lapsed(now time.Time) bool {

@@ -21,6 +21,12 @@ type Store[R any] struct {
 	closeOnce sync.Once
 	stop      chan struct{} // closed by Close to stop the sweeper
 	swept     chan struct{} // closed by the sweeper when it exits; nil if there is none
+
+	// closing is cancelled by Close; background holds the goroutines that
+	// settle backend writes on their own (releaseLater), which it ends.
+	closing    context.Context
+	endClosing context.CancelFunc
+	background sync.WaitGroup
 }
 
 // testHookWait, if set, runs each time a caller starts waiting for an
@@ -34,6 +40,7 @@ func New[R any](opts Options) *Store[R] {
 		stop: make(chan struct{}),
 	}
 	s.table = newTable[R](s.opts.MaxKeys)
+	s.closing, s.endClosing = context.WithCancel(context.Background())
 	if s.opts.SweepInterval > 0 {
 		s.swept = make(chan struct{})
 		go s.sweepLoop(s.opts.SweepInterval)
@@ -298,6 +305,8 @@ func (s *Store[R]) Close() error {
 			<-s.swept
 		}
 		s.table.running.Wait()
+		s.endClosing()
+		s.background.Wait()
 	})
 	return nil
 }

@@ -237,12 +237,16 @@ func (b *Backend) read(ctx context.Context, fn func(*bbolt.Tx) error) error {
 	return view(b.db, fn)
 }
 
-func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
+func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
 	// Most claims of a known key are replays: answer them from a read
 	// transaction, which costs no commit. Only a claim that may write goes
 	// to the committer, which looks again under the write lock.
-	if old, ok, err := b.Get(ctx, rec.Key); err != nil || (ok && !old.Expired(now)) {
+	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil || ok {
 		return old, false, err
+	}
+	rec = idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: idem.StatePending, CreatedAt: now}
+	if lease > 0 {
+		rec.LeaseUntil = now.Add(lease)
 	}
 	enc, err := rec.MarshalBinary()
 	if err != nil {
@@ -258,8 +262,8 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (id
 			if err != nil {
 				return err
 			}
-			if !old.Expired(now) {
-				found, won = old, false
+			if seen, ok := old.SeenAt(now); ok {
+				found, won = seen, false
 				return nil
 			}
 			if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
@@ -278,13 +282,9 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (id
 	return found, won, nil
 }
 
-func (b *Backend) Complete(ctx context.Context, rec idem.Record) error {
+func (b *Backend) Complete(ctx context.Context, rec idem.Record, now time.Time, ttl time.Duration) error {
 	if testHookBeforeComplete != nil {
 		testHookBeforeComplete()
-	}
-	enc, err := rec.MarshalBinary()
-	if err != nil {
-		return err
 	}
 	key := []byte(rec.Key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
@@ -293,13 +293,16 @@ func (b *Backend) Complete(ctx context.Context, rec idem.Record) error {
 		if err != nil {
 			return err
 		}
-		if err := records.Put(key, enc); err != nil {
+		done := claim
+		done.State, done.ExpiresAt, done.LeaseUntil = idem.StateCompleted, now.Add(ttl), time.Time{}
+		done.Value, done.Failed, done.ErrMsg = rec.Value, rec.Failed, rec.ErrMsg
+		if err := put(records, done); err != nil {
 			return err
 		}
 		if err := tx.Bucket(bucketPending).Delete(pendingKey(claim)); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketExpiry).Put(expiryKey(rec), nil)
+		return tx.Bucket(bucketExpiry).Put(expiryKey(done), nil)
 	})
 }
 
@@ -335,7 +338,7 @@ func checkOwner(records *bbolt.Bucket, key []byte, token string) (idem.Record, e
 	return old, nil
 }
 
-func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+func (b *Backend) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
 	var rec idem.Record
 	found := false
 	err := b.read(ctx, func(tx *bbolt.Tx) error {
@@ -344,14 +347,16 @@ func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error
 			return nil
 		}
 		var err error
-		rec, err = decode([]byte(key), v)
-		found = err == nil
-		return err
+		if rec, err = decode([]byte(key), v); err != nil {
+			return err
+		}
+		rec, found = rec.SeenAt(now)
+		return nil
 	})
 	return rec, found, err
 }
 
-func (b *Backend) Renew(ctx context.Context, key, token string, now, until time.Time) error {
+func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
@@ -362,7 +367,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, now, until time.
 		if claim.State != idem.StatePending || claim.Lapsed(now) {
 			return fmt.Errorf("%w: key %q is %s, its lease until %v", idem.ErrNotOwner, key, claim.State, claim.LeaseUntil)
 		}
-		claim.LeaseUntil = until
+		claim.LeaseUntil = now.Add(lease)
 		return put(records, claim)
 	})
 }

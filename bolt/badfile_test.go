@@ -103,8 +103,8 @@ func TestClosedBackend(t *testing.T) {
 	require.NoError(t, b.Close())
 	require.NoError(t, b.Close(), "Close is idempotent")
 	ctx := context.Background()
-	_, _, err := b.Claim(ctx, idem.Record{Key: "k", State: idem.StatePending}, time.Now())
+	_, _, err := b.Claim(ctx, idem.Record{Key: "k", State: idem.StatePending}, time.Now(), time.Minute)
 	assert.ErrorIs(t, err, idem.ErrClosed)
-	_, _, err = b.Get(ctx, "k")
+	_, _, err = b.Get(ctx, "k", time.Now())
 	assert.ErrorIs(t, err, idem.ErrClosed)
 }

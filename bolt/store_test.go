@@ -189,7 +189,7 @@ func TestEpochClockRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close()
 	assert.Zero(t, b.Interrupted(), "a completed key was taken for one left in flight")
-	rec, ok, err := b.Get(context.Background(), "k")
+	rec, ok, err := b.Get(context.Background(), "k", epoch)
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, idem.StateCompleted, rec.State)

@@ -22,8 +22,11 @@ import (
 // documented on idem.Backend. newBackend is called once per subtest and must
 // return an empty backend; register its cleanup with t.Cleanup.
 //
-// Times are compared to the microsecond, the finest that common databases
-// keep.
+// The suite runs on the real clock, with leases and TTLs of a fraction of a
+// second that it waits out by polling, so that it checks a backend that
+// judges time by its own server's clock as well as one that takes the now
+// it is given (which the suite passes as time.Now()). A shared backend also
+// runs RunShared.
 func Run(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 	for _, tc := range []struct {
 		name string
@@ -34,21 +37,30 @@ func Run(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 		{"CompleteChecksToken", testCompleteChecksToken},
 		{"ReleaseChecksToken", testReleaseChecksToken},
 		{"RenewChecksToken", testRenewChecksToken},
+		{"LapsedLeaseIsInterrupted", testLapsedLeaseIsInterrupted},
+		{"InterruptedCanBeSettled", testInterruptedCanBeSettled},
 		{"CompletedRecordExpires", testCompletedRecordExpires},
+		{"ExpiredTakeoverHasOneWinner", testExpiredTakeoverHasOneWinner},
 		{"SweepSparesClaimOverExpired", testSweepSparesClaimOverExpired},
 		{"SweepDeletesExpiredOnly", testSweepDeletesExpiredOnly},
 		{"GetAndForget", testGetAndForget},
 		{"RecordsRoundTrip", testRecordsRoundTrip},
 		{"ManyKeysConcurrently", testManyKeysConcurrently},
+		{"RepeatedWritesAfterLostReplies", testRepeatedWrites},
+		{"CancelledContextWritesNothing", testCancelledContext},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newBackend(t)) })
 	}
 }
 
-// epoch is the suite's "now": the time the suite started, so that backends
-// that also expire records by the real clock (Redis TTLs) see the suite's
-// times as future ones, to the millisecond, the precision of Redis TTLs.
-var epoch = time.Now().UTC().Truncate(time.Millisecond)
+// Durations the suite uses: a lease and a TTL that hold for the length of a
+// subtest, and short ones that it waits out.
+const (
+	lease      = time.Minute
+	ttl        = time.Hour
+	shortLease = 150 * time.Millisecond
+	shortTTL   = 150 * time.Millisecond
+)
 
 func token() string {
 	var b [16]byte
@@ -56,65 +68,79 @@ func token() string {
 	return hex.EncodeToString(b[:])
 }
 
-// pending returns a fresh claim of key.
-func pending(key string) idem.Record {
-	return idem.Record{
-		Key:         key,
-		Fingerprint: idem.Fingerprint{1, 2, 3, byte(len(key))},
-		Token:       token(),
-		State:       idem.StatePending,
-		CreatedAt:   epoch,
-		LeaseUntil:  epoch.Add(time.Minute),
-	}
+// request returns what a Store passes to Claim for key: its fingerprint and
+// a fresh token.
+func request(key string) idem.Record {
+	return idem.Record{Key: key, Fingerprint: idem.Fingerprint{1, 2, 3, byte(len(key))}, Token: token(), State: idem.StatePending}
 }
 
-// completed returns claim's record completed with value, expiring after ttl.
-func completed(claim idem.Record, value string, ttl time.Duration) idem.Record {
-	claim.State = idem.StateCompleted
-	claim.LeaseUntil = time.Time{}
-	claim.ExpiresAt = claim.CreatedAt.Add(ttl)
+// claimKey claims key with the given lease, requires that the claim won, and
+// returns the record Claim returned.
+func claimKey(t *testing.T, b idem.Backend, key string, lease time.Duration) idem.Record {
+	t.Helper()
+	req := request(key)
+	got, won, err := b.Claim(context.Background(), req, time.Now(), lease)
+	require.NoError(t, err)
+	require.True(t, won, "claim of a free key %q", key)
+	assert.Equal(t, req.Token, got.Token, "the claimed record holds the claim's token")
+	assert.Equal(t, idem.StatePending, got.State)
+	return got
+}
+
+// outcome returns claim's record with an outcome to complete it with.
+func outcome(claim idem.Record, value string) idem.Record {
 	claim.Value = []byte(value)
 	return claim
 }
 
-// claimAndComplete stores a completed record for key.
+// claimAndComplete stores a completed record for key, expiring after ttl.
 func claimAndComplete(t *testing.T, b idem.Backend, key, value string, ttl time.Duration) idem.Record {
 	t.Helper()
-	ctx := context.Background()
-	claim := pending(key)
-	_, ok, err := b.Claim(ctx, claim, epoch)
-	require.NoError(t, err)
-	require.True(t, ok, "claim of a new key %q", key)
-	done := completed(claim, value, ttl)
-	require.NoError(t, b.Complete(ctx, done))
-	return done
+	claim := claimKey(t, b, key, lease)
+	require.NoError(t, b.Complete(context.Background(), outcome(claim, value), time.Now(), ttl))
+	return claim
 }
 
-// assertSameRecord checks two records field by field, times to the
-// microsecond.
-func assertSameRecord(t *testing.T, want, got idem.Record) {
+// get returns key's record, and whether there is one.
+func get(t *testing.T, b idem.Backend, key string) (idem.Record, bool) {
 	t.Helper()
-	assert.Equal(t, want.Key, got.Key, "Key")
-	assert.Equal(t, want.Fingerprint, got.Fingerprint, "Fingerprint")
-	assert.Equal(t, want.Token, got.Token, "Token")
-	assert.Equal(t, want.State, got.State, "State")
-	assert.True(t, want.CreatedAt.Truncate(time.Microsecond).Equal(got.CreatedAt), "CreatedAt: want %v, got %v", want.CreatedAt, got.CreatedAt)
-	assert.True(t, want.ExpiresAt.Truncate(time.Microsecond).Equal(got.ExpiresAt), "ExpiresAt: want %v, got %v", want.ExpiresAt, got.ExpiresAt)
-	assert.True(t, want.LeaseUntil.Truncate(time.Microsecond).Equal(got.LeaseUntil), "LeaseUntil: want %v, got %v", want.LeaseUntil, got.LeaseUntil)
-	assert.Equal(t, len(want.Value), len(got.Value), "len(Value)")
-	assert.True(t, string(want.Value) == string(got.Value), "Value differs")
-	assert.Equal(t, want.Failed, got.Failed, "Failed")
-	assert.Equal(t, want.ErrMsg, got.ErrMsg, "ErrMsg")
+	rec, ok, err := b.Get(context.Background(), key, time.Now())
+	require.NoError(t, err)
+	return rec, ok
+}
+
+// eventually polls cond until it holds, for at most ten seconds: time for a
+// short lease or TTL to run out on any clock.
+func eventually(t *testing.T, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", msg)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// assertOutcome checks that rec is claim's record completed with value.
+func assertOutcome(t *testing.T, claim idem.Record, value string, rec idem.Record) {
+	t.Helper()
+	assert.Equal(t, claim.Key, rec.Key, "Key")
+	assert.Equal(t, claim.Fingerprint, rec.Fingerprint, "Fingerprint")
+	assert.Equal(t, claim.Token, rec.Token, "Token")
+	assert.Equal(t, idem.StateCompleted, rec.State, "State")
+	assert.Equal(t, value, string(rec.Value), "Value")
+	assert.False(t, rec.ExpiresAt.IsZero(), "a completed record has an expiry")
+	assert.True(t, rec.LeaseUntil.IsZero(), "a completed record has no lease")
 }
 
 func testClaimHasOneWinner(t *testing.T, b idem.Backend) {
 	const claimers = 100
 	start := make(chan struct{})
 	type result struct {
-		claim idem.Record
-		got   idem.Record
-		won   bool
-		err   error
+		req, got idem.Record
+		won      bool
+		err      error
 	}
 	results := make([]result, claimers)
 	var wg sync.WaitGroup
@@ -122,10 +148,10 @@ func testClaimHasOneWinner(t *testing.T, b idem.Backend) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			claim := pending("contested")
+			req := request("contested")
 			<-start
-			got, won, err := b.Claim(context.Background(), claim, epoch)
-			results[i] = result{claim, got, won, err}
+			got, won, err := b.Claim(context.Background(), req, time.Now(), lease)
+			results[i] = result{req, got, won, err}
 		}()
 	}
 	close(start)
@@ -142,195 +168,83 @@ func testClaimHasOneWinner(t *testing.T, b idem.Backend) {
 	}
 	require.NotNil(t, winner, "no claim won")
 	for _, r := range results {
-		assert.Equal(t, winner.claim.Token, r.got.Token, "every claim must see the winner's record")
+		assert.Equal(t, winner.req.Token, r.got.Token, "every claim must see the winner's record")
 	}
 }
 
 func testClaimReturnsExisting(t *testing.T, b idem.Backend) {
 	ctx := context.Background()
-	first := pending("k")
-	_, won, err := b.Claim(ctx, first, epoch)
-	require.NoError(t, err)
-	require.True(t, won)
-	got, won, err := b.Claim(ctx, pending("k"), epoch.Add(time.Hour))
+	first := claimKey(t, b, "k", lease)
+	assert.False(t, first.CreatedAt.IsZero(), "a claim has a creation time")
+	assert.InDelta(t, float64(lease), float64(first.LeaseUntil.Sub(first.CreatedAt)), float64(time.Millisecond), "the lease runs from the claim")
+
+	got, won, err := b.Claim(ctx, request("k"), time.Now(), lease)
 	require.NoError(t, err)
 	assert.False(t, won, "a pending record is never taken over by Claim")
-	assertSameRecord(t, first, got)
+	assert.Equal(t, first.Token, got.Token)
+	assert.Equal(t, idem.StatePending, got.State)
+	assert.Equal(t, first.Fingerprint, got.Fingerprint)
 
-	done := completed(first, "v", time.Hour)
-	require.NoError(t, b.Complete(ctx, done))
-	got, won, err = b.Claim(ctx, pending("k"), epoch.Add(time.Minute))
+	require.NoError(t, b.Complete(ctx, outcome(first, "v"), time.Now(), ttl))
+	got, won, err = b.Claim(ctx, request("k"), time.Now(), lease)
 	require.NoError(t, err)
 	assert.False(t, won)
-	assertSameRecord(t, done, got)
+	assertOutcome(t, first, "v", got)
+	assert.InDelta(t, float64(ttl), float64(got.ExpiresAt.Sub(first.CreatedAt)), float64(5*time.Second), "the outcome expires a TTL after it was recorded")
 }
 
 func testCompleteChecksToken(t *testing.T, b idem.Backend) {
 	ctx := context.Background()
-	claim := pending("k")
-	_, _, err := b.Claim(ctx, claim, epoch)
-	require.NoError(t, err)
+	claim := claimKey(t, b, "k", lease)
 
-	stale := completed(claim, "stale", time.Hour)
+	stale := outcome(claim, "stale")
 	stale.Token = token()
-	assert.ErrorIs(t, b.Complete(ctx, stale), idem.ErrNotOwner)
-	got, _, err := b.Get(ctx, "k")
-	require.NoError(t, err)
-	assertSameRecord(t, claim, got)
+	assert.ErrorIs(t, b.Complete(ctx, stale, time.Now(), ttl), idem.ErrNotOwner)
+	got, _ := get(t, b, "k")
+	assert.Equal(t, idem.StatePending, got.State, "a refused Complete changed the record")
+	assert.Equal(t, claim.Token, got.Token)
 
-	done := completed(claim, "v", time.Hour)
-	require.NoError(t, b.Complete(ctx, done))
-	again := completed(claim, "overwrite", time.Hour)
-	assert.ErrorIs(t, b.Complete(ctx, again), idem.ErrNotOwner, "a completed record is final")
-	got, _, err = b.Get(ctx, "k")
-	require.NoError(t, err)
-	assertSameRecord(t, done, got)
+	require.NoError(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl))
+	assert.ErrorIs(t, b.Complete(ctx, outcome(claim, "overwrite"), time.Now(), ttl), idem.ErrNotOwner, "a completed record is final")
+	got, _ = get(t, b, "k")
+	assertOutcome(t, claim, "v", got)
 
-	missing := completed(pending("absent"), "v", time.Hour)
-	assert.ErrorIs(t, b.Complete(ctx, missing), idem.ErrNotOwner)
-	_, ok, err := b.Get(ctx, "absent")
-	require.NoError(t, err)
+	missing := outcome(request("absent"), "v")
+	assert.ErrorIs(t, b.Complete(ctx, missing, time.Now(), ttl), idem.ErrNotOwner)
+	_, ok := get(t, b, "absent")
 	assert.False(t, ok, "Complete of an absent key must not create it")
 }
 
 func testReleaseChecksToken(t *testing.T, b idem.Backend) {
 	ctx := context.Background()
-	claim := pending("k")
-	_, _, err := b.Claim(ctx, claim, epoch)
-	require.NoError(t, err)
+	claim := claimKey(t, b, "k", lease)
 	assert.ErrorIs(t, b.Release(ctx, "k", token()), idem.ErrNotOwner)
-	_, ok, err := b.Get(ctx, "k")
-	require.NoError(t, err)
+	_, ok := get(t, b, "k")
 	require.True(t, ok, "a refused release deleted the record")
 
 	require.NoError(t, b.Release(ctx, "k", claim.Token))
-	_, ok, err = b.Get(ctx, "k")
-	require.NoError(t, err)
+	_, ok = get(t, b, "k")
 	assert.False(t, ok)
-	_, won, err := b.Claim(ctx, pending("k"), epoch)
-	require.NoError(t, err)
-	assert.True(t, won, "a released key can be claimed again")
+	claimKey(t, b, "k", lease) // a released key can be claimed again
 
-	done := claimAndComplete(t, b, "done", "v", time.Hour)
+	done := claimAndComplete(t, b, "done", "v", ttl)
 	assert.ErrorIs(t, b.Release(ctx, "done", done.Token), idem.ErrNotOwner, "a completed record cannot be released")
 	assert.ErrorIs(t, b.Release(ctx, "absent", token()), idem.ErrNotOwner)
 }
 
 func testRenewChecksToken(t *testing.T, b idem.Backend) {
 	ctx := context.Background()
-	claim := pending("k")
-	_, _, err := b.Claim(ctx, claim, epoch)
-	require.NoError(t, err)
-	later := epoch.Add(time.Hour)
-	assert.ErrorIs(t, b.Renew(ctx, "k", token(), epoch, later), idem.ErrNotOwner)
-	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, epoch.Add(2*time.Minute), later), idem.ErrNotOwner, "a lapsed lease must not come back to life")
-	require.NoError(t, b.Renew(ctx, "k", claim.Token, epoch, later))
-	got, _, err := b.Get(ctx, "k")
-	require.NoError(t, err)
-	claim.LeaseUntil = later
-	assertSameRecord(t, claim, got)
+	claim := claimKey(t, b, "k", lease)
+	assert.ErrorIs(t, b.Renew(ctx, "k", token(), time.Now(), 2*lease), idem.ErrNotOwner)
+	require.NoError(t, b.Renew(ctx, "k", claim.Token, time.Now(), 2*lease))
+	got, _ := get(t, b, "k")
+	assert.Equal(t, idem.StatePending, got.State)
+	assert.True(t, got.LeaseUntil.After(claim.LeaseUntil.Add(lease/2)), "the lease was extended: was %v, now %v", claim.LeaseUntil, got.LeaseUntil)
+	assert.Equal(t, claim.CreatedAt.UnixMilli(), got.CreatedAt.UnixMilli(), "renewal keeps the creation time")
 
-	done := completed(claim, "v", time.Hour)
-	require.NoError(t, b.Complete(ctx, done))
-	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, epoch, later), idem.ErrNotOwner, "a completed record has no lease to renew")
-	assert.ErrorIs(t, b.Renew(ctx, "absent", claim.Token, epoch, later), idem.ErrNotOwner)
-}
-
-func testCompletedRecordExpires(t *testing.T, b idem.Backend) {
-	ctx := context.Background()
-	claimAndComplete(t, b, "k", "v", time.Hour)
-	_, won, err := b.Claim(ctx, pending("k"), epoch.Add(time.Hour-time.Microsecond))
-	require.NoError(t, err)
-	assert.False(t, won, "claimed before expiry")
-
-	fresh := pending("k")
-	got, won, err := b.Claim(ctx, fresh, epoch.Add(time.Hour))
-	require.NoError(t, err)
-	assert.True(t, won, "an expired record must give way to a new claim")
-	assertSameRecord(t, fresh, got)
-}
-
-// A claim that took over an expired record must not be swept with the old
-// record's expiry.
-func testSweepSparesClaimOverExpired(t *testing.T, b idem.Backend) {
-	ctx := context.Background()
-	claimAndComplete(t, b, "k", "old", time.Minute)
-	fresh := pending("k")
-	_, won, err := b.Claim(ctx, fresh, epoch.Add(time.Hour))
-	require.NoError(t, err)
-	require.True(t, won)
-	_, err = b.Sweep(ctx, epoch.Add(1000*time.Hour), 100)
-	require.NoError(t, err)
-	got, ok, err := b.Get(ctx, "k")
-	require.NoError(t, err)
-	require.True(t, ok, "the new claim was swept away")
-	assertSameRecord(t, fresh, got)
-}
-
-func testSweepDeletesExpiredOnly(t *testing.T, b idem.Backend) {
-	ctx := context.Background()
-	for i := range 10 {
-		claimAndComplete(t, b, fmt.Sprint("short-", i), "v", time.Duration(i+1)*time.Minute)
-	}
-	claimAndComplete(t, b, "long", "v", 24*time.Hour)
-	_, _, err := b.Claim(ctx, pending("pending"), epoch)
-	require.NoError(t, err)
-
-	n, err := b.Sweep(ctx, epoch.Add(30*time.Second), 100)
-	require.NoError(t, err)
-	assert.Equal(t, 0, n, "nothing had expired")
-
-	n, err = b.Sweep(ctx, epoch.Add(time.Hour), 4)
-	require.NoError(t, err)
-	assert.Equal(t, 4, n, "Sweep must respect its limit")
-	for i := range 10 {
-		_, ok, err := b.Get(ctx, fmt.Sprint("short-", i))
-		require.NoError(t, err)
-		assert.Equal(t, i >= 4, ok, "short-%d: the oldest expiry goes first", i)
-	}
-	n, err = b.Sweep(ctx, epoch.Add(time.Hour), 100)
-	require.NoError(t, err)
-	assert.Equal(t, 6, n)
-	for _, key := range []string{"long", "pending"} {
-		_, ok, err := b.Get(ctx, key)
-		require.NoError(t, err)
-		assert.True(t, ok, "%s must not be swept", key)
-	}
-	n, err = b.Sweep(ctx, epoch.Add(1000*time.Hour), 100)
-	require.NoError(t, err)
-	assert.Equal(t, 1, n, "only the long-lived record expires; a pending one never does")
-}
-
-func testGetAndForget(t *testing.T, b idem.Backend) {
-	ctx := context.Background()
-	_, ok, err := b.Get(ctx, "absent")
-	require.NoError(t, err)
-	assert.False(t, ok)
-	assert.NoError(t, b.Forget(ctx, "absent", epoch))
-
-	done := claimAndComplete(t, b, "done", "v", time.Hour)
-	got, ok, err := b.Get(ctx, "done")
-	require.NoError(t, err)
-	require.True(t, ok)
-	assertSameRecord(t, done, got)
-	require.NoError(t, b.Forget(ctx, "done", epoch))
-	_, ok, err = b.Get(ctx, "done")
-	require.NoError(t, err)
-	assert.False(t, ok)
-	_, won, err := b.Claim(ctx, pending("done"), epoch)
-	require.NoError(t, err)
-	assert.True(t, won, "a forgotten key can be claimed again")
-
-	_, _, err = b.Claim(ctx, pending("busy"), epoch)
-	require.NoError(t, err)
-	assert.ErrorIs(t, b.Forget(ctx, "busy", epoch), idem.ErrInProgress, "a pending record cannot be forgotten")
-	_, ok, err = b.Get(ctx, "busy")
-	require.NoError(t, err)
-	assert.True(t, ok)
-	require.NoError(t, b.Forget(ctx, "busy", epoch.Add(time.Hour)), "a claim whose lease lapsed can be forgotten")
-	_, ok, err = b.Get(ctx, "busy")
-	require.NoError(t, err)
-	assert.False(t, ok)
+	require.NoError(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl))
+	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), idem.ErrNotOwner, "a completed record has no lease to renew")
+	assert.ErrorIs(t, b.Renew(ctx, "absent", claim.Token, time.Now(), lease), idem.ErrNotOwner)
 }
 
 func testRecordsRoundTrip(t *testing.T, b idem.Backend) {
@@ -354,18 +268,25 @@ func testRecordsRoundTrip(t *testing.T, b idem.Backend) {
 		{"unicode key", "clé/€/日本-" + strings.Repeat("k", 200), []byte("v"), false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			claim := pending(tc.key)
-			claim.Fingerprint = idem.Fingerprint{0xff, 0x00, 0x80, 0x7f}
-			_, won, err := b.Claim(ctx, claim, epoch)
+			req := request(tc.key)
+			req.Fingerprint = idem.Fingerprint{0xff, 0x00, 0x80, 0x7f}
+			claim, won, err := b.Claim(ctx, req, time.Now(), lease)
 			require.NoError(t, err)
 			require.True(t, won)
-			done := completed(claim, "", 36*time.Hour)
+			done := claim
 			done.Value, done.Failed, done.ErrMsg = tc.value, tc.failed, tc.msg
-			require.NoError(t, b.Complete(ctx, done))
-			got, ok, err := b.Get(ctx, tc.key)
-			require.NoError(t, err)
+			require.NoError(t, b.Complete(ctx, done, time.Now(), 36*time.Hour))
+			got, ok := get(t, b, tc.key)
 			require.True(t, ok)
-			assertSameRecord(t, done, got)
+			assert.Equal(t, tc.key, got.Key)
+			assert.Equal(t, req.Fingerprint, got.Fingerprint)
+			assert.Equal(t, req.Token, got.Token)
+			assert.Equal(t, idem.StateCompleted, got.State)
+			assert.Equal(t, len(tc.value), len(got.Value), "len(Value)")
+			assert.True(t, string(tc.value) == string(got.Value), "Value differs")
+			assert.Equal(t, tc.failed, got.Failed, "Failed")
+			assert.Equal(t, tc.msg, got.ErrMsg, "ErrMsg")
+			assert.Equal(t, claim.CreatedAt.UnixMilli(), got.CreatedAt.UnixMilli(), "CreatedAt is kept")
 		})
 	}
 }
@@ -381,12 +302,12 @@ func testManyKeysConcurrently(t *testing.T, b idem.Backend) {
 			ctx := context.Background()
 			for k := range keys {
 				key := fmt.Sprintf("w%d-k%d", w, k)
-				claim := pending(key)
-				if _, won, err := b.Claim(ctx, claim, epoch); err != nil || !won {
+				claim, won, err := b.Claim(ctx, request(key), time.Now(), lease)
+				if err != nil || !won {
 					errs <- fmt.Errorf("claim %s: won=%v err=%v", key, won, err)
 					return
 				}
-				if err := b.Complete(ctx, completed(claim, key, time.Hour)); err != nil {
+				if err := b.Complete(ctx, outcome(claim, key), time.Now(), ttl); err != nil {
 					errs <- fmt.Errorf("complete %s: %w", key, err)
 					return
 				}
@@ -401,8 +322,7 @@ func testManyKeysConcurrently(t *testing.T, b idem.Backend) {
 	for w := range workers {
 		for k := range keys {
 			key := fmt.Sprintf("w%d-k%d", w, k)
-			got, ok, err := b.Get(context.Background(), key)
-			require.NoError(t, err)
+			got, ok := get(t, b, key)
 			require.True(t, ok, key)
 			assert.Equal(t, key, string(got.Value))
 		}

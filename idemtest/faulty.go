@@ -26,18 +26,18 @@ func (f Faulty) fail(op string) error {
 	return f.Fail(op)
 }
 
-func (f Faulty) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
+func (f Faulty) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
 	if err := f.fail("Claim"); err != nil {
 		return idem.Record{}, false, err
 	}
-	return f.Backend.Claim(ctx, rec, now)
+	return f.Backend.Claim(ctx, rec, now, lease)
 }
 
-func (f Faulty) Complete(ctx context.Context, rec idem.Record) error {
+func (f Faulty) Complete(ctx context.Context, rec idem.Record, now time.Time, ttl time.Duration) error {
 	if err := f.fail("Complete"); err != nil {
 		return err
 	}
-	return f.Backend.Complete(ctx, rec)
+	return f.Backend.Complete(ctx, rec, now, ttl)
 }
 
 func (f Faulty) Release(ctx context.Context, key, token string) error {
@@ -47,18 +47,18 @@ func (f Faulty) Release(ctx context.Context, key, token string) error {
 	return f.Backend.Release(ctx, key, token)
 }
 
-func (f Faulty) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+func (f Faulty) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
 	if err := f.fail("Get"); err != nil {
 		return idem.Record{}, false, err
 	}
-	return f.Backend.Get(ctx, key)
+	return f.Backend.Get(ctx, key, now)
 }
 
-func (f Faulty) Renew(ctx context.Context, key, token string, now, until time.Time) error {
+func (f Faulty) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
 	if err := f.fail("Renew"); err != nil {
 		return err
 	}
-	return f.Backend.Renew(ctx, key, token, now, until)
+	return f.Backend.Renew(ctx, key, token, now, lease)
 }
 
 func (f Faulty) Forget(ctx context.Context, key string, now time.Time) error {

@@ -26,20 +26,26 @@ func NewMemoryBackend() *MemoryBackend {
 	return &MemoryBackend{records: make(map[string]idem.Record)}
 }
 
-func (m *MemoryBackend) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
+func (m *MemoryBackend) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if old, ok := m.records[rec.Key]; ok && !old.Expired(now) {
-		return clone(old), false, nil
+	if old, ok := m.records[rec.Key]; ok {
+		if seen, ok := old.SeenAt(now); ok {
+			return clone(seen), false, nil
+		}
 	}
-	m.records[rec.Key] = clone(rec)
-	return clone(rec), true, nil
+	claim := idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: idem.StatePending, CreatedAt: now}
+	if lease > 0 {
+		claim.LeaseUntil = now.Add(lease)
+	}
+	m.records[rec.Key] = claim
+	return claim, true, nil
 }
 
-func (m *MemoryBackend) Complete(ctx context.Context, rec idem.Record) error {
+func (m *MemoryBackend) Complete(ctx context.Context, rec idem.Record, now time.Time, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -48,7 +54,10 @@ func (m *MemoryBackend) Complete(ctx context.Context, rec idem.Record) error {
 	if !m.ownedLocked(rec.Key, rec.Token) {
 		return idem.ErrNotOwner
 	}
-	m.records[rec.Key] = clone(rec)
+	done := m.records[rec.Key]
+	done.State, done.ExpiresAt, done.LeaseUntil = idem.StateCompleted, now.Add(ttl), time.Time{}
+	done.Value, done.Failed, done.ErrMsg = rec.Value, rec.Failed, rec.ErrMsg
+	m.records[rec.Key] = clone(done)
 	return nil
 }
 
@@ -72,17 +81,21 @@ func (m *MemoryBackend) ownedLocked(key, token string) bool {
 	return ok && old.Token == token && old.State != idem.StateCompleted
 }
 
-func (m *MemoryBackend) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+func (m *MemoryBackend) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, false, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[key]
+	if !ok {
+		return idem.Record{}, false, nil
+	}
+	rec, ok = rec.SeenAt(now)
 	return clone(rec), ok, nil
 }
 
-func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now, until time.Time) error {
+func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -92,7 +105,7 @@ func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now, until
 	if !ok || rec.Token != token || rec.State != idem.StatePending || rec.Lapsed(now) {
 		return idem.ErrNotOwner
 	}
-	rec.LeaseUntil = until
+	rec.LeaseUntil = now.Add(lease)
 	m.records[key] = rec
 	return nil
 }

@@ -4,10 +4,18 @@
 // A claim is one INSERT ... ON CONFLICT DO NOTHING statement that returns
 // the standing record if it loses, so the table's primary key decides,
 // atomically, which of many concurrent claims wins, and a replay writes
-// nothing. An expired record is taken over by one conditional UPDATE. Complete, Release and Renew compare
-// the claim's token in their WHERE clause, so a stale owner can never write
-// over a newer claim. Expiry uses the clocks of the processes that call it:
-// keep them in sync (NTP), as leases and TTLs are compared across machines.
+// nothing. An expired record is taken over by one conditional UPDATE.
+// Complete, Release and Renew compare the claim's token in their WHERE
+// clause, so a stale owner can never write over a newer claim.
+//
+// Time is the server's: every lease, expiry and creation instant is made
+// and compared by the statements themselves (clock_timestamp()), from
+// durations the Store sends. The clocks of the machines that call the
+// database never decide who owns a key, so skew between them cannot cause
+// a second execution.
+//
+// New creates the table under an advisory lock, so any number of replicas
+// may start at once.
 //
 // RunOnceTx is the transactional mode: the key, the caller's own writes and
 // the outcome commit in one transaction.
@@ -65,11 +73,26 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backend, error
 	b := &Backend{pool: pool, q: newQueries(table)}
 	if !opts.NoMigrate {
 		index := pgx.Identifier{strings.ReplaceAll(name, ".", "_") + "_expiry"}.Sanitize()
-		if _, err := pool.Exec(ctx, createSQL(table, index)); err != nil {
+		if err := migrate(ctx, pool, table, createSQL(table, index)); err != nil {
 			return nil, fmt.Errorf("postgres: creating table %s: %w", table, err)
 		}
 	}
 	return b, nil
+}
+
+// migrate runs create under a transaction-scoped advisory lock named after
+// the table, so that replicas starting together take turns: CREATE ... IF
+// NOT EXISTS alone is not safe to run concurrently (two sessions can both
+// find the type absent and collide on the catalog's unique index). The one
+// that waits sees, with a fresh snapshot, that the table is there.
+func migrate(ctx context.Context, pool *pgxpool.Pool, table, create string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "idem migrate "+table); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, create)
+		return err
+	})
 }
 
 // createSQL is Schema for any table and index name.
@@ -96,63 +119,92 @@ type queries struct {
 
 const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg`
 
+// Every instant is the server's: the statements compute them from
+// clock_timestamp() (the moment the statement runs, even inside a long
+// transaction) and take durations, in microseconds, as parameters. So the
+// clocks of the machines that call the database never decide a lease or an
+// expiry.
+const (
+	serverNow = `clock_timestamp()`
+	// seen is the state column as the server's clock judges it: a pending
+	// record whose lease lapsed is interrupted.
+	seen = `CASE WHEN state = 1 AND lease_until <= ` + serverNow + ` THEN 3 ELSE state END`
+	// live excludes completed records that have expired.
+	live = `NOT (state = 2 AND expires_at <= ` + serverNow + `)`
+	// seenColumns are columns with the state as seen.
+	seenColumns = `key, fingerprint, token, ` + seen + `, created_at, expires_at, lease_until, value, failed, err_msg`
+)
+
+// after is the SQL for the instant that many microseconds (parameter p)
+// after the server's now, or NULL for a non-positive duration: no lease.
+func after(p string) string {
+	return `CASE WHEN ` + p + `::bigint > 0 THEN ` + serverNow + ` + ` + p + `::bigint * interval '1 microsecond' END`
+}
+
 func newQueries(t string) queries {
 	return queries{
 		// One round trip: insert the claim, or return the record that
-		// stands. DO NOTHING takes no lock on a conflicting row, so a replay
-		// writes nothing and costs no WAL flush. If a concurrent claim
-		// committed after this statement's snapshot, neither branch yields
-		// a row, and Claim runs it again.
+		// stands, with whether it expired. DO NOTHING takes no lock on a
+		// conflicting row, so a replay writes nothing and costs no WAL
+		// flush. If a concurrent claim committed after this statement's
+		// snapshot, neither branch yields a row, and Claim runs it again.
 		claim: `WITH claimed AS (
     INSERT INTO ` + t + ` (key, fingerprint, token, state, created_at, lease_until)
-    VALUES ($1, $2, $3, 1, $4, $5)
+    VALUES ($1, $2, $3, 1, ` + serverNow + `, ` + after("$4") + `)
     ON CONFLICT (key) DO NOTHING
     RETURNING ` + columns + `)
-SELECT true, ` + columns + ` FROM claimed
+SELECT true, false, ` + columns + ` FROM claimed
 UNION ALL
-SELECT false, ` + columns + ` FROM ` + t + ` WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`,
+SELECT false, NOT (` + live + `), ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`,
 		// Takes over a record that expired, atomically: the WHERE clause is
 		// checked against the row as it stands when the UPDATE locks it.
-		takeOver: `UPDATE ` + t + ` SET fingerprint = $2, token = $3, state = 1, created_at = $4, expires_at = NULL,
-    lease_until = $5, value = NULL, failed = false, err_msg = ''
-WHERE key = $1 AND state = 2 AND expires_at <= $6
-RETURNING true, ` + columns,
-		complete: `UPDATE ` + t + ` SET fingerprint = $3, state = 2, created_at = $4, expires_at = $5, lease_until = NULL,
-    value = $6, failed = $7, err_msg = $8
+		takeOver: `UPDATE ` + t + ` SET fingerprint = $2, token = $3, state = 1, created_at = ` + serverNow + `, expires_at = NULL,
+    lease_until = ` + after("$4") + `, value = NULL, failed = false, err_msg = ''
+WHERE key = $1 AND NOT (` + live + `)
+RETURNING true, false, ` + columns,
+		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + $3::bigint * interval '1 microsecond', lease_until = NULL,
+    value = $4, failed = $5, err_msg = $6
 WHERE key = $1 AND token = $2 AND state <> 2`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state <> 2`,
-		renew: `UPDATE ` + t + ` SET lease_until = $3
-WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_until > $4)`,
-		get: `SELECT ` + columns + ` FROM ` + t + ` WHERE key = $1`,
-		all: `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
+		renew: `UPDATE ` + t + ` SET lease_until = ` + after("$3") + `
+WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `)`,
+		get: `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND ` + live,
+		all: `SELECT ` + seenColumns + ` FROM ` + t + ` ORDER BY key`,
 		forget: `DELETE FROM ` + t + ` WHERE key = $1
-    AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > $2))`,
+    AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `))`,
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE key = $1)`,
+		// now() rather than clock_timestamp(): it is stable within the
+		// statement, so the expiry index can serve the scan.
 		sweep: `DELETE FROM ` + t + ` WHERE key IN (
-    SELECT key FROM ` + t + ` WHERE state = 2 AND expires_at <= $1
-    ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+    SELECT key FROM ` + t + ` WHERE state = 2 AND expires_at <= now()
+    ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 	}
 }
 
-func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
-	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, rec.CreatedAt, nullTime(rec.LeaseUntil)}
+// micros is d in whole microseconds, the unit the statements take.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// Claim claims rec.Key, judging leases and expiry by the server's clock;
+// now is ignored.
+func (b *Backend) Claim(ctx context.Context, rec idem.Record, _ time.Time, lease time.Duration) (idem.Record, bool, error) {
+	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease)}
 	for {
 		rows, err := b.pool.Query(ctx, b.q.claim, args...)
 		if err != nil {
 			return idem.Record{}, false, err
 		}
-		var won bool
-		got, found, err := scanOne(rows, &won)
+		var won, expired bool
+		got, found, err := scanOne(rows, &won, &expired)
 		switch {
 		case err != nil:
 			return idem.Record{}, false, err
-		case found && !got.Expired(now):
+		case found && !expired:
 			return got, won, nil
 		case found: // expired: take it over, unless another claim did first
-			if rows, err = b.pool.Query(ctx, b.q.takeOver, append(args, now)...); err != nil {
+			if rows, err = b.pool.Query(ctx, b.q.takeOver, args...); err != nil {
 				return idem.Record{}, false, err
 			}
-			if got, found, err = scanOne(rows, &won); err != nil || found {
+			if got, found, err = scanOne(rows, &won, &expired); err != nil || found {
 				return got, won, err
 			}
 		}
@@ -162,9 +214,9 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (id
 	}
 }
 
-func (b *Backend) Complete(ctx context.Context, rec idem.Record) error {
-	tag, err := b.pool.Exec(ctx, b.q.complete, rec.Key, rec.Token, rec.Fingerprint[:], rec.CreatedAt,
-		nullTime(rec.ExpiresAt), rec.Value, rec.Failed, rec.ErrMsg)
+// Complete records the outcome, expiring ttl after the server's now.
+func (b *Backend) Complete(ctx context.Context, rec idem.Record, _ time.Time, ttl time.Duration) error {
+	tag, err := b.pool.Exec(ctx, b.q.complete, rec.Key, rec.Token, micros(ttl), rec.Value, rec.Failed, rec.ErrMsg)
 	return owned(tag, err, rec.Key)
 }
 
@@ -173,8 +225,9 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	return owned(tag, err, key)
 }
 
-func (b *Backend) Renew(ctx context.Context, key, token string, now, until time.Time) error {
-	tag, err := b.pool.Exec(ctx, b.q.renew, key, token, until, now)
+// Renew extends the lease to lease after the server's now.
+func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
+	tag, err := b.pool.Exec(ctx, b.q.renew, key, token, micros(lease))
 	return owned(tag, err, key)
 }
 
@@ -189,7 +242,8 @@ func owned(tag pgconn.CommandTag, err error, key string) error {
 	return nil
 }
 
-func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error) {
+// Get returns key's record as the server's clock sees it.
+func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (idem.Record, bool, error) {
 	rows, err := b.pool.Query(ctx, b.q.get, key)
 	if err != nil {
 		return idem.Record{}, false, err
@@ -197,8 +251,9 @@ func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error
 	return scanOne(rows)
 }
 
-func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
-	tag, err := b.pool.Exec(ctx, b.q.forget, key, now)
+// Forget judges the lease by the server's clock.
+func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
+	tag, err := b.pool.Exec(ctx, b.q.forget, key)
 	if err != nil || tag.RowsAffected() > 0 {
 		return err
 	}
@@ -212,8 +267,9 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 	return nil
 }
 
-func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
-	tag, err := b.pool.Exec(ctx, b.q.sweep, now, limit)
+// Sweep judges expiry by the server's clock.
+func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
+	tag, err := b.pool.Exec(ctx, b.q.sweep, limit)
 	if err != nil {
 		return 0, err
 	}

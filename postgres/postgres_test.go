@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
@@ -44,7 +46,7 @@ func testBackend(t testing.TB, pool *pgxpool.Pool) (*Backend, string) {
 
 func TestConformance(t *testing.T) {
 	pool := testPool(t)
-	idemtest.Run(t, func(t *testing.T) idem.Backend {
+	idemtest.RunShared(t, func(t *testing.T) idem.Backend {
 		b, _ := testBackend(t, pool)
 		return b
 	})
@@ -64,4 +66,34 @@ func TestSchemaFileMatchesNew(t *testing.T) {
 		return strings.Join(lines, "\n")
 	}
 	assert.Equal(t, normalize(Schema), normalize(createSQL("idem_keys", "idem_keys_expiry")))
+}
+
+// Replicas that start together all migrate a fresh table at once: every New
+// succeeds (CREATE ... IF NOT EXISTS alone collides in the catalog).
+func TestConcurrentNewOnFreshTable(t *testing.T) {
+	testPool(t) // or skip
+	cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_DSN"))
+	require.NoError(t, err)
+	cfg.MaxConns = 16 // one session per replica, all at once
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	for round := range 3 {
+		table := fmt.Sprintf("idem_migrate_%d_%d", time.Now().UnixNano(), round)
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+		const replicas = 16
+		start := make(chan struct{})
+		errs := make(chan error, replicas)
+		for range replicas {
+			go func() {
+				<-start
+				_, err := New(context.Background(), pool, Options{Table: table})
+				errs <- err
+			}()
+		}
+		close(start)
+		for range replicas {
+			assert.NoError(t, <-errs)
+		}
+	}
 }

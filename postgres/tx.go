@@ -53,14 +53,16 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
 
-	now := opts.Now()
-	claim := idem.Record{Key: key, Fingerprint: fp, Token: "tx", State: idem.StatePending, CreatedAt: now}
-	rows, err := tx.Query(ctx, b.q.claim, key, fp[:], claim.Token, now, nil)
+	// No lease: the claim is never seen outside this transaction, and it
+	// commits with its outcome or not at all.
+	claim := idem.Record{Key: key, Fingerprint: fp, Token: "tx", State: idem.StatePending}
+	args := []any{key, fp[:], claim.Token, 0}
+	rows, err := tx.Query(ctx, b.q.claim, args...)
 	if err != nil {
 		return zero, &idem.BackendError{Op: "claim", Err: err}
 	}
-	var won bool
-	rec, found, err := scanOne(rows, &won)
+	var won, expired bool
+	rec, found, err := scanOne(rows, &won, &expired)
 	switch {
 	case err != nil:
 		return zero, &idem.BackendError{Op: "claim", Err: err}
@@ -75,8 +77,8 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		}
 	case won:
 		return runTx(ctx, store, b, tx, claim, fn)
-	case rec.Expired(now):
-		if rows, err = tx.Query(ctx, b.q.takeOver, key, fp[:], claim.Token, now, nil, now); err == nil {
+	case expired:
+		if rows, err = tx.Query(ctx, b.q.takeOver, args...); err == nil {
 			won, err = tookOver(rows)
 		}
 		if err != nil {
@@ -99,7 +101,7 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		return zero, idem.ErrPayloadMismatch
 	case rec.State == idem.StateCompleted:
 		return store.Decode(rec)
-	case rec.State == idem.StatePending && !rec.Lapsed(opts.Now()):
+	case rec.State == idem.StatePending:
 		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress)
 	}
 	return zero, idem.ErrOutcomeUnknown
@@ -125,12 +127,10 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 		return val, cerr
 	}
 	done := claim
-	done.State, done.ExpiresAt = idem.StateCompleted, opts.Now().Add(opts.TTL)
 	if eerr := store.Encode(&done, val, err); eerr != nil {
 		return val, errors.Join(err, eerr)
 	}
-	if _, cerr := tx.Exec(ctx, b.q.complete, done.Key, done.Token, done.Fingerprint[:], done.CreatedAt,
-		nullTime(done.ExpiresAt), done.Value, done.Failed, done.ErrMsg); cerr != nil {
+	if _, cerr := tx.Exec(ctx, b.q.complete, done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, done.ErrMsg); cerr != nil {
 		return val, errors.Join(err, cerr)
 	}
 	if cerr := tx.Commit(ctx); cerr != nil {

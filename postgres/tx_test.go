@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,7 +45,7 @@ func TestRunOnceTx(t *testing.T) {
 		return id, err
 	}
 	keys := func(key string) int {
-		_, found, err := s.Options().Backend.Get(ctx, key)
+		_, found, err := s.Options().Backend.Get(ctx, key, time.Now())
 		require.NoError(t, err)
 		if found {
 			return 1

@@ -3,7 +3,7 @@
 // redis.UniversalClient).
 //
 // Each key's record is one Redis string, prefixed with the fields the Lua
-// scripts compare: "state|lease|token|" and then the binary record. A claim
+// scripts compare: "state|lease|token|created|" and then the binary record. A claim
 // is a SET NX inside a script that also returns the standing record;
 // Complete, Release, Renew and Forget are scripts that compare the token, so
 // a stale owner can never write over a newer claim. Every script touches one
@@ -20,10 +20,14 @@
 // again. Replication is asynchronous and the backend issues no WAIT, so a
 // failover (Sentinel, Cluster) can lose acknowledged claims in the same way.
 //
-// Clocks: leases and expiry compare the callers' clocks with each other and
-// with Redis's (completed records expire at PXAT, their expiry by the
-// caller's clock). Keep them in sync. Needs Redis 7.0 or later
-// (PEXPIRETIME).
+// Clocks: every lease and expiry is made and judged by the Redis server's
+// clock (TIME, inside the scripts), from durations the Store sends, so skew
+// between the machines that use it cannot hand a live claim to a second
+// owner. Needs Redis 7.0 or later (PEXPIRETIME, and scripts that read TIME).
+//
+// Scripts are sent by hash and loaded on a server that has not cached them
+// (a new or restarted server, a failover, every node of a new Cluster);
+// inside pipelines they are sent whole.
 package redis
 
 import (
@@ -70,78 +74,124 @@ func New(rdb redis.UniversalClient, opts Options) *Backend {
 
 func (b *Backend) key(k string) string { return b.prefix + "k:" + k }
 
-// encode writes rec as the header the scripts read, then the record.
-func encode(rec idem.Record) (string, error) {
+// blob is rec's binary encoding, which follows the header the scripts
+// write. Its own times are not read back: the header's are the server's.
+func blob(rec idem.Record) (string, error) {
 	if strings.ContainsRune(rec.Token, '|') {
 		return "", fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
 	}
-	blob, err := rec.MarshalBinary()
-	if err != nil {
-		return "", err
-	}
-	b := make([]byte, 0, 24+len(rec.Token)+len(blob))
-	b = strconv.AppendInt(b, int64(rec.State), 10)
-	b = append(b, '|')
-	b = strconv.AppendInt(b, millis(rec.LeaseUntil), 10)
-	b = append(b, '|')
-	b = append(b, rec.Token...)
-	b = append(b, '|')
-	return string(append(b, blob...)), nil
+	enc, err := rec.MarshalBinary()
+	return string(enc), err
 }
 
-func decode(key, v string) (idem.Record, error) {
-	var rec idem.Record
-	i := 0
-	for n := 0; n < 3; n++ { // skip the header's three fields
-		j := strings.IndexByte(v[i:], '|')
+// decode reads a stored value: the header "state|lease|token|created|",
+// then the binary record. expires is the key's expiry (ms), lapsed whether
+// the server found its lease lapsed. (Values written before the header had
+// its created field lack it, and keep the record's own.)
+func decode(key, v string, expires int64, lapsed bool) (idem.Record, error) {
+	var fields [3]string
+	rest := v
+	for n := range fields {
+		j := strings.IndexByte(rest, '|')
 		if j < 0 {
-			return rec, fmt.Errorf("redis: record %q has no header", key)
+			return idem.Record{}, fmt.Errorf("redis: record %q has no header", key)
 		}
-		i += j + 1
+		fields[n], rest = rest[:j], rest[j+1:]
 	}
-	if err := rec.UnmarshalBinary([]byte(v[i:])); err != nil {
+	created := int64(-1)
+	if j := strings.IndexByte(rest, '|'); j > 0 {
+		if ms, err := strconv.ParseInt(rest[:j], 10, 64); err == nil {
+			created, rest = ms, rest[j+1:]
+		}
+	}
+	var rec idem.Record
+	if err := rec.UnmarshalBinary([]byte(rest)); err != nil {
 		return rec, fmt.Errorf("redis: record %q: %w", key, err)
+	}
+	state, _ := strconv.Atoi(fields[0])
+	lease, _ := strconv.ParseInt(fields[1], 10, 64)
+	rec.State, rec.LeaseUntil, rec.Token = idem.RecordState(state), fromMillis(lease), fields[2]
+	if created >= 0 {
+		rec.CreatedAt = fromMillis(created)
+	}
+	rec.ExpiresAt = time.Time{}
+	if rec.State == idem.StateCompleted {
+		rec.ExpiresAt = fromMillis(expires)
+	}
+	if lapsed {
+		rec.State = idem.StateInterrupted
 	}
 	return rec, nil
 }
 
-// millis is t in Unix milliseconds, 0 for the zero Time.
-func millis(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
+// fromMillis is the instant ms milliseconds after 1970, or the zero Time for
+// zero or less (no lease, no expiry).
+func fromMillis(ms int64) time.Time {
+	if ms <= 0 {
+		return time.Time{}
 	}
-	return t.UnixMilli()
+	return time.UnixMilli(ms)
 }
 
-// The scripts. A record's header is "state|lease|token|".
+// The scripts. A record's value is "state|lease|token|created|" and the
+// binary record; lease and created are milliseconds by the server's clock,
+// which every script reads with TIME, so the callers' clocks never decide a
+// lease or an expiry. (Redis 7 replicates a script's effects, not the
+// script, so reading TIME is allowed.) A completed record expires at PXAT.
+const (
+	// luaNow sets now to the server's time in milliseconds.
+	luaNow = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+`
+	// luaSeen returns the standing value v of KEYS[1] as the server sees it
+	// at now: nil if it is completed and expired, else {v, expiry in ms,
+	// 1 if it is pending and its lease lapsed}.
+	luaSeen = `local function seen(v)
+  local st, lease = string.match(v, '^(%d)|(%d*)|')
+  local expires = tonumber(redis.call('PEXPIRETIME', KEYS[1]))
+  if st == '2' and expires > 0 and expires <= now then return nil end
+  local lapsed = 0
+  if st == '1' and lease ~= '0' and tonumber(lease) <= now then lapsed = 1 end
+  return {v, expires, lapsed}
+end
+`
+)
+
 var (
-	// KEYS[1] key; ARGV[1] new record, ARGV[2] now (ms). Claims the key if
-	// it is free or its record completed and expired, and returns 1; else
-	// returns the record. (Not nil for a claim: go-redis treats a nil reply
-	// as an error, which costs.)
-	claimScript = redis.NewScript(`
+	// KEYS[1] key; ARGV[1] token, ARGV[2] lease (ms), ARGV[3] binary
+	// record. Claims the key if it is free or its record completed and
+	// expired, and returns now; else returns the standing record, seen.
+	claimScript = redis.NewScript(luaNow + luaSeen + `
 local v = redis.call('GET', KEYS[1])
 if v then
-  local st = string.sub(v, 1, 1)
-  local expires = tonumber(redis.call('PEXPIRETIME', KEYS[1]))
-  if not (st == '2' and expires > 0 and expires <= tonumber(ARGV[2])) then
-    return v
-  end
+  local s = seen(v)
+  if s then return s end
 end
-redis.call('SET', KEYS[1], ARGV[1])
-return 1`)
+local lease = 0
+if tonumber(ARGV[2]) > 0 then lease = now + tonumber(ARGV[2]) end
+redis.call('SET', KEYS[1], '1|' .. lease .. '|' .. ARGV[1] .. '|' .. now .. '|' .. ARGV[3])
+return now`)
+
+	// KEYS[1] key; ARGV[1] token. Returns the record, seen, or nil.
+	getScript = redis.NewScript(luaNow + luaSeen + `
+local v = redis.call('GET', KEYS[1])
+if not v then return nil end
+return seen(v)`)
 
 	// KEYS[1] key, and KEYS[2] the expiry index if it is on the same node;
-	// ARGV[1] token, ARGV[2] new record, ARGV[3] expiry (ms), ARGV[4] the
-	// key's name in the index.
-	completeScript = redis.NewScript(`
+	// ARGV[1] token, ARGV[2] binary record, ARGV[3] TTL (ms), ARGV[4] the
+	// key's name in the index. Returns the expiry (ms), or 0 if the token
+	// does not hold an unsettled claim.
+	completeScript = redis.NewScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local st, _, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
 if tok ~= ARGV[1] or st == '2' then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PXAT', ARGV[3])
-if KEYS[2] then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4]) end
-return 1`)
+local created = string.match(v, '^%d|%d*|[^|]*|(%d+)|') or '0'
+local expires = now + tonumber(ARGV[3])
+redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. ARGV[2], 'PXAT', expires)
+if KEYS[2] then redis.call('ZADD', KEYS[2], expires, ARGV[4]) end
+return expires`)
 
 	// KEYS[1] key; ARGV[1] token.
 	releaseScript = redis.NewScript(`
@@ -152,106 +202,119 @@ if tok ~= ARGV[1] or st == '2' then return 0 end
 redis.call('DEL', KEYS[1])
 return 1`)
 
-	// KEYS[1] key; ARGV[1] token, ARGV[2] record with the new lease,
-	// ARGV[3] now (ms). A lapsed lease is not renewed.
-	renewScript = redis.NewScript(`
+	// KEYS[1] key; ARGV[1] token, ARGV[2] lease (ms). A lapsed lease is
+	// not renewed.
+	renewScript = redis.NewScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local st, lease, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
+local _, e, st, lease, tok = string.find(v, '^(%d)|(%d*)|([^|]*)|')
 if tok ~= ARGV[1] or st ~= '1' then return 0 end
-if lease ~= '0' and tonumber(lease) <= tonumber(ARGV[3]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+if lease ~= '0' and tonumber(lease) <= now then return 0 end
+redis.call('SET', KEYS[1], '1|' .. (now + tonumber(ARGV[2])) .. '|' .. tok .. '|' .. string.sub(v, e + 1), 'KEEPTTL')
 return 1`)
 
-	// KEYS[1] key; ARGV[1] now (ms). Refuses a pending record whose lease
-	// holds.
-	forgetScript = redis.NewScript(`
+	// KEYS[1] key. Refuses a pending record whose lease holds.
+	forgetScript = redis.NewScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 1 end
 local st, lease = string.match(v, '^(%d)|(%d*)|')
-if st == '1' and (lease == '0' or tonumber(lease) > tonumber(ARGV[1])) then return 0 end
+if st == '1' and (lease == '0' or tonumber(lease) > now) then return 0 end
 redis.call('DEL', KEYS[1])
 return 1`)
 
-	// KEYS[1] key; ARGV[1] now (ms). Deletes a completed, expired record.
-	sweepScript = redis.NewScript(`
+	// KEYS[1] key. Deletes a completed, expired record.
+	sweepScript = redis.NewScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if string.sub(v, 1, 2) ~= '2|' then return 0 end
 local expires = tonumber(redis.call('PEXPIRETIME', KEYS[1]))
-if expires > tonumber(ARGV[1]) then return 0 end
+if expires > now then return 0 end
 redis.call('DEL', KEYS[1])
 return 1`)
 )
 
-func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time) (idem.Record, bool, error) {
-	enc, err := encode(rec)
+// Claim claims rec.Key, judging leases and expiry by the server's clock;
+// now is ignored.
+func (b *Backend) Claim(ctx context.Context, rec idem.Record, _ time.Time, lease time.Duration) (idem.Record, bool, error) {
+	enc, err := blob(idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: idem.StatePending})
 	if err != nil {
 		return idem.Record{}, false, err
 	}
-	reply, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, enc, now.UnixMilli()).Result()
+	if strings.ContainsRune(rec.Token, '|') {
+		return idem.Record{}, false, fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
+	}
+	reply, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, lease.Milliseconds(), enc).Result()
 	if err != nil {
 		return idem.Record{}, false, err
 	}
-	v, ok := reply.(string)
-	if !ok {
-		return rec, true, nil
+	if now, ok := reply.(int64); ok {
+		claim := idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: idem.StatePending, CreatedAt: time.UnixMilli(now)}
+		if lease > 0 {
+			claim.LeaseUntil = claim.CreatedAt.Add(lease.Truncate(time.Millisecond))
+		}
+		return claim, true, nil
 	}
-	old, err := decode(rec.Key, v)
+	old, err := decodeSeen(rec.Key, reply)
 	return old, false, err
 }
 
-func (b *Backend) Complete(ctx context.Context, rec idem.Record) error {
-	enc, err := encode(rec)
+// decodeSeen decodes a script's {value, expiry, lapsed} reply.
+func decodeSeen(key string, reply any) (idem.Record, error) {
+	s, ok := reply.([]any)
+	if !ok || len(s) != 3 {
+		return idem.Record{}, fmt.Errorf("redis: record %q: unexpected reply %T", key, reply)
+	}
+	v, _ := s[0].(string)
+	expires, _ := s[1].(int64)
+	lapsed, _ := s[2].(int64)
+	return decode(key, v, expires, lapsed == 1)
+}
+
+// Complete records the outcome, expiring ttl after the server's now.
+func (b *Backend) Complete(ctx context.Context, rec idem.Record, _ time.Time, ttl time.Duration) error {
+	enc, err := blob(idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: idem.StateCompleted,
+		Value: rec.Value, Failed: rec.Failed, ErrMsg: rec.ErrMsg})
 	if err != nil {
 		return err
 	}
-	expires := rec.ExpiresAt.UnixMilli()
+	ms := max(ttl.Milliseconds(), 1)
 	if b.oneSlot { // the script adds the index entry too: one command
-		n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key), b.index}, rec.Token, enc, expires, rec.Key).Int()
+		n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key), b.index}, rec.Token, enc, ms, rec.Key).Int64()
 		return owned(n, err, rec.Key)
 	}
 	// On a Cluster the index is on another node: one round trip all the
-	// same, through a pipeline. The entry is harmless if the script
-	// refuses, since Sweep checks the record.
+	// same, through a pipeline, with an expiry by this process's clock. The
+	// index only paces Sweep, which checks each record's own expiry, and
+	// Redis expires the records itself. Scripts in a pipeline go as EVAL,
+	// since a pipeline cannot fall back from EVALSHA on a node that has not
+	// cached the script.
 	var complete *redis.Cmd
 	_, err = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		complete = completeScript.Run(ctx, p, []string{b.key(rec.Key)}, rec.Token, enc, expires, rec.Key)
-		p.ZAdd(ctx, b.index, redis.Z{Score: float64(expires), Member: rec.Key})
+		complete = completeScript.Eval(ctx, p, []string{b.key(rec.Key)}, rec.Token, enc, ms, rec.Key)
+		p.ZAdd(ctx, b.index, redis.Z{Score: float64(time.Now().Add(ttl).UnixMilli()), Member: rec.Key})
 		return nil
 	})
 	if err != nil && complete.Err() == nil {
 		return err
 	}
-	n, err := complete.Int()
+	n, err := complete.Int64()
 	return owned(n, err, rec.Key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	n, err := releaseScript.Run(ctx, b.rdb, []string{b.key(key)}, token).Int()
+	n, err := releaseScript.Run(ctx, b.rdb, []string{b.key(key)}, token).Int64()
 	return owned(n, err, key)
 }
 
-func (b *Backend) Renew(ctx context.Context, key, token string, now, until time.Time) error {
-	rec, ok, err := b.Get(ctx, key)
-	if err != nil {
-		return err
-	}
-	if !ok || rec.Token != token || rec.Lapsed(now) {
-		return fmt.Errorf("%w: key %q", idem.ErrNotOwner, key)
-	}
-	rec.LeaseUntil = until
-	enc, err := encode(rec)
-	if err != nil {
-		return err
-	}
-	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, enc, now.UnixMilli()).Int()
+// Renew extends the lease to lease after the server's now.
+func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
+	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, lease.Milliseconds()).Int64()
 	return owned(n, err, key)
 }
 
 // owned turns a script that found the claim not held by the token into
 // ErrNotOwner.
-func owned(n int, err error, key string) error {
+func owned(n int64, err error, key string) error {
 	switch {
 	case err != nil:
 		return err
@@ -261,20 +324,22 @@ func owned(n int, err error, key string) error {
 	return nil
 }
 
-func (b *Backend) Get(ctx context.Context, key string) (idem.Record, bool, error) {
-	v, err := b.rdb.Get(ctx, b.key(key)).Result()
+// Get returns key's record as the server's clock sees it.
+func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (idem.Record, bool, error) {
+	reply, err := getScript.Run(ctx, b.rdb, []string{b.key(key)}).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return idem.Record{}, false, nil
 	case err != nil:
 		return idem.Record{}, false, err
 	}
-	rec, err := decode(key, v)
+	rec, err := decodeSeen(key, reply)
 	return rec, err == nil, err
 }
 
-func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
-	n, err := forgetScript.Run(ctx, b.rdb, []string{b.key(key)}, now.UnixMilli()).Int()
+// Forget judges the lease by the server's clock.
+func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
+	n, err := forgetScript.Run(ctx, b.rdb, []string{b.key(key)}).Int()
 	switch {
 	case err != nil:
 		return err
@@ -284,11 +349,16 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 	return b.rdb.ZRem(ctx, b.index, key).Err()
 }
 
-// Sweep clears up to limit entries from the expiry index that expired at
-// now, soonest first, deleting each one's record if it is still there and
-// completed (Redis has most often expired it already), and returns how many
-// entries it cleared, so that a caller sweeps on while there are more.
-func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+// Sweep clears up to limit entries from the expiry index that expired by
+// the server's clock, soonest first, deleting each one's record if it is
+// still there, completed and expired (Redis has most often expired it
+// already), and returns how many entries it cleared, so that a caller
+// sweeps on while there are more.
+func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
+	now, err := b.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
 	keys, err := b.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
 		Key: b.index, Start: "-inf", Stop: strconv.FormatInt(now.UnixMilli(), 10), ByScore: true, Count: int64(limit),
 	}).Result()
@@ -298,7 +368,7 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 	_, err = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		members := make([]any, len(keys))
 		for i, k := range keys {
-			sweepScript.Run(ctx, p, []string{b.key(k)}, now.UnixMilli())
+			sweepScript.Eval(ctx, p, []string{b.key(k)}) // EVAL: see Complete
 			members[i] = k
 		}
 		p.ZRem(ctx, b.index, members...)
@@ -331,7 +401,7 @@ func (b *Backend) each(ctx context.Context, node redis.Cmdable, fn func(idem.Rec
 	iter := node.Scan(ctx, 0, b.prefix+"k:*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := strings.TrimPrefix(iter.Val(), b.prefix+"k:")
-		rec, ok, err := b.Get(ctx, key)
+		rec, ok, err := b.Get(ctx, key, time.Time{})
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
@@ -38,7 +39,7 @@ func TestRedisClosedMidRun(t *testing.T) {
 	})
 	var nr *idem.NotRecordedError
 	require.ErrorAs(t, err, &nr, "the caller is told the outcome was not recorded")
-	rec, ok, err := b.Get(context.Background(), "k")
+	rec, ok, err := b.Get(context.Background(), "k", time.Now())
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, idem.StatePending, rec.State, "nothing recorded as completed")

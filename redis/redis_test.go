@@ -46,5 +46,5 @@ func testBackend(t testing.TB, rdb redis.UniversalClient) *Backend {
 
 func TestConformance(t *testing.T) {
 	rdb := testClient(t)
-	idemtest.Run(t, func(t *testing.T) idem.Backend { return testBackend(t, rdb) })
+	idemtest.RunShared(t, func(t *testing.T) idem.Backend { return testBackend(t, rdb) })
 }

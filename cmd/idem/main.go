@@ -121,7 +121,7 @@ func inspect(ctx context.Context, b target, w io.Writer, now time.Time) error {
 }
 
 func show(ctx context.Context, b target, key string, w io.Writer, now time.Time) error {
-	rec, ok, err := b.Get(ctx, key)
+	rec, ok, err := b.Get(ctx, key, now)
 	if err != nil {
 		return err
 	}

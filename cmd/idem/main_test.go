@@ -45,7 +45,7 @@ func fixture(t *testing.T) string {
 	require.NoError(t, old.Close())
 
 	// A claim whose process dies: pending now, interrupted on the next Open.
-	_, _, err = b.Claim(ctx, idem.Record{Key: "order-103", Token: "dead", State: idem.StatePending, CreatedAt: now.Add(-10 * time.Minute)}, now)
+	_, _, err = b.Claim(ctx, idem.Record{Key: "order-103", Token: "dead"}, now.Add(-10*time.Minute), 0)
 	require.NoError(t, err)
 	require.NoError(t, b.Close())
 	return path

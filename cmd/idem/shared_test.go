@@ -22,8 +22,7 @@ import (
 func TestSharedBackends(t *testing.T) {
 	ctx := context.Background()
 	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
-	dead := idem.Record{Key: "order-103", Token: "dead", State: idem.StatePending,
-		CreatedAt: now.Add(-time.Hour), LeaseUntil: now.Add(-59 * time.Minute)}
+	dead := idem.Record{Key: "order-103", Token: "dead", State: idem.StatePending}
 	for _, tc := range []struct {
 		name, where, table string
 		backend            func(t *testing.T) idem.Backend
@@ -48,12 +47,20 @@ func TestSharedBackends(t *testing.T) {
 				t.Skipf("the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_REDIS_ADDR)", tc.name)
 			}
 			b := tc.backend(t)
-			_, _, err := b.Claim(ctx, dead, now.Add(-time.Hour))
+			_, _, err := b.Claim(ctx, dead, time.Now(), time.Millisecond)
 			require.NoError(t, err)
+			for { // until the lease lapses by the server's clock
+				rec, _, err := b.Get(ctx, dead.Key, time.Now())
+				require.NoError(t, err)
+				if rec.State == idem.StateInterrupted {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
 
 			code, out, errs := runCmd("-name", tc.table, "inspect", tc.where)
 			require.Equal(t, 0, code, errs)
-			assert.Contains(t, out, `"order-103"  interrupted (lease lapsed)`)
+			assert.Contains(t, out, `"order-103"  interrupted`)
 			code, out, errs = runCmd("-name", tc.table, "forget", tc.where, "order-103")
 			require.Equal(t, 0, code, errs)
 			assert.Contains(t, out, "forgot")

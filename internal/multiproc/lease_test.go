@@ -60,9 +60,9 @@ func TestKilledOwner(t *testing.T) {
 
 		// Wait, by the clock, for the lease to run out.
 		for {
-			rec, _, err := b.Get(ctx, "k")
+			rec, _, err := b.Get(ctx, "k", time.Now())
 			require.NoError(t, err)
-			if rec.Lapsed(time.Now()) {
+			if rec.State == idem.StateInterrupted {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -114,9 +114,9 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 		}()
 		<-inFn
 		for { // until the stalled owner's lease has run out
-			rec, _, err := b.Get(ctx, "k")
+			rec, _, err := b.Get(ctx, "k", time.Now())
 			require.NoError(t, err)
-			if rec.Lapsed(time.Now()) {
+			if rec.State == idem.StateInterrupted {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)

@@ -1,0 +1,69 @@
+package idemtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// What a Store relies on to settle a write whose reply was lost: it repeats
+// the write, or reads the record back, and compares tokens.
+func testRepeatedWrites(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	req := request("k")
+	claim, won, err := b.Claim(ctx, req, time.Now(), lease)
+	require.NoError(t, err)
+	require.True(t, won)
+
+	// A claim sent again after its reply was lost finds itself.
+	again, _, err := b.Claim(ctx, req, time.Now(), lease)
+	require.NoError(t, err)
+	assert.Equal(t, req.Token, again.Token, "a repeated claim must return the record that holds its own token")
+	assert.Equal(t, idem.StatePending, again.State)
+
+	// A Complete sent again finds its own outcome recorded.
+	require.NoError(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl))
+	assert.ErrorIs(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl), idem.ErrNotOwner)
+	rec, ok := get(t, b, "k")
+	require.True(t, ok)
+	assertOutcome(t, claim, "v", rec)
+
+	// A Release sent again finds the key free.
+	other := claimKey(t, b, "other", lease)
+	require.NoError(t, b.Release(ctx, "other", other.Token))
+	assert.ErrorIs(t, b.Release(ctx, "other", other.Token), idem.ErrNotOwner)
+	_, ok = get(t, b, "other")
+	assert.False(t, ok)
+}
+
+// A call whose context is already done returns an error and writes nothing.
+func testCancelledContext(t *testing.T, b idem.Backend) {
+	live := claimKey(t, b, "live", lease)
+	done := claimAndComplete(t, b, "done", "v", ttl)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	now := time.Now()
+
+	_, _, err := b.Claim(ctx, request("new"), now, lease)
+	assert.Error(t, err, "Claim")
+	assert.Error(t, b.Complete(ctx, outcome(live, "v"), now, ttl), "Complete")
+	assert.Error(t, b.Release(ctx, "live", live.Token), "Release")
+	assert.Error(t, b.Renew(ctx, "live", live.Token, now, lease), "Renew")
+	_, _, err = b.Get(ctx, "live", now)
+	assert.Error(t, err, "Get")
+	assert.Error(t, b.Forget(ctx, "done", now), "Forget")
+	_, err = b.Sweep(ctx, now, 100)
+	assert.Error(t, err, "Sweep")
+
+	_, ok := get(t, b, "new")
+	assert.False(t, ok, "a cancelled Claim wrote a record")
+	rec, _ := get(t, b, "live")
+	assert.Equal(t, idem.StatePending, rec.State, "a cancelled Complete or Release changed the claim")
+	assert.Equal(t, live.LeaseUntil.UnixMilli(), rec.LeaseUntil.UnixMilli(), "a cancelled Renew moved the lease")
+	rec, _ = get(t, b, "done")
+	assertOutcome(t, done, "v", rec)
+}

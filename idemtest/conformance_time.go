@@ -1,0 +1,177 @@
+package idemtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Leases and expiry, on the real clock.
+
+func testLapsedLeaseIsInterrupted(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	claim := claimKey(t, b, "k", shortLease)
+	// Until the lease lapses the claim is pending and cannot be forgotten;
+	// the lease is short, so only check while it surely holds.
+	if rec, _ := get(t, b, "k"); time.Since(claim.CreatedAt) < shortLease/3 {
+		assert.Equal(t, idem.StatePending, rec.State)
+	}
+	eventually(t, func() bool { rec, _ := get(t, b, "k"); return rec.State == idem.StateInterrupted },
+		"a pending record whose lease lapsed must read as interrupted")
+
+	got, won, err := b.Claim(ctx, request("k"), time.Now(), lease)
+	require.NoError(t, err)
+	assert.False(t, won, "an interrupted record is never taken over by Claim")
+	assert.Equal(t, idem.StateInterrupted, got.State)
+	assert.Equal(t, claim.Token, got.Token)
+	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), idem.ErrNotOwner, "a lapsed lease must not come back to life")
+	require.NoError(t, b.Forget(ctx, "k", time.Now()), "an interrupted claim can be forgotten")
+	_, ok := get(t, b, "k")
+	assert.False(t, ok)
+}
+
+// An interrupted claim's owner may still record its outcome or release it:
+// the token is what fences it, not the lease.
+func testInterruptedCanBeSettled(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	late := claimKey(t, b, "late", shortLease)
+	gone := claimKey(t, b, "gone", shortLease)
+	eventually(t, func() bool {
+		a, _ := get(t, b, "late")
+		c, _ := get(t, b, "gone")
+		return a.State == idem.StateInterrupted && c.State == idem.StateInterrupted
+	}, "the leases lapse")
+	require.NoError(t, b.Complete(ctx, outcome(late, "v"), time.Now(), ttl))
+	rec, _ := get(t, b, "late")
+	assertOutcome(t, late, "v", rec)
+	require.NoError(t, b.Release(ctx, "gone", gone.Token))
+	_, ok := get(t, b, "gone")
+	assert.False(t, ok)
+}
+
+func testCompletedRecordExpires(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	done := claimAndComplete(t, b, "k", "v", shortTTL)
+	if time.Since(done.CreatedAt) < shortTTL/3 {
+		_, won, err := b.Claim(ctx, request("k"), time.Now(), lease)
+		require.NoError(t, err)
+		assert.False(t, won, "claimed before expiry")
+	}
+	eventually(t, func() bool { _, ok := get(t, b, "k"); return !ok }, "an expired record is not returned")
+	fresh := request("k")
+	got, won, err := b.Claim(ctx, fresh, time.Now(), lease)
+	require.NoError(t, err)
+	assert.True(t, won, "an expired record must give way to a new claim")
+	assert.Equal(t, fresh.Token, got.Token)
+	assert.Equal(t, idem.StatePending, got.State)
+	assert.Empty(t, got.Value, "the new claim holds none of the old outcome")
+}
+
+// Of many concurrent claims of an expired key, exactly one takes it over.
+func testExpiredTakeoverHasOneWinner(t *testing.T, b idem.Backend) {
+	claimAndComplete(t, b, "k", "old", shortTTL)
+	eventually(t, func() bool { _, ok := get(t, b, "k"); return !ok }, "the record expires")
+	const claimers = 50
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var winners []string
+	tokens := make([]string, claimers)
+	for i := range tokens {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := request("k")
+			<-start
+			got, won, err := b.Claim(context.Background(), req, time.Now(), lease)
+			if !assert.NoError(t, err) {
+				return
+			}
+			tokens[i] = got.Token
+			if won {
+				mu.Lock()
+				winners = append(winners, req.Token)
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	require.Len(t, winners, 1, "exactly one claim takes an expired key over")
+	for _, tok := range tokens {
+		assert.Equal(t, winners[0], tok, "every claim sees the winner's record")
+	}
+}
+
+// A claim that took over an expired record must not be swept with the old
+// record's expiry.
+func testSweepSparesClaimOverExpired(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	claimAndComplete(t, b, "k", "old", shortTTL)
+	eventually(t, func() bool { _, ok := get(t, b, "k"); return !ok }, "the record expires")
+	fresh := claimKey(t, b, "k", lease)
+	_, err := b.Sweep(ctx, time.Now(), 100)
+	require.NoError(t, err)
+	got, ok := get(t, b, "k")
+	require.True(t, ok, "the new claim was swept away")
+	assert.Equal(t, fresh.Token, got.Token)
+}
+
+func testSweepDeletesExpiredOnly(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	for i := range 10 {
+		claimAndComplete(t, b, fmt.Sprint("short-", i), "v", shortTTL)
+	}
+	claimAndComplete(t, b, "long", "v", ttl)
+	claimKey(t, b, "pending", shortLease) // lapses, and is still never swept
+	eventually(t, func() bool {
+		for i := range 10 {
+			if _, ok := get(t, b, fmt.Sprint("short-", i)); ok {
+				return false
+			}
+		}
+		rec, _ := get(t, b, "pending")
+		return rec.State == idem.StateInterrupted
+	}, "the short records expire and the pending lease lapses")
+
+	n, err := b.Sweep(ctx, time.Now(), 4)
+	require.NoError(t, err)
+	assert.Equal(t, 4, n, "Sweep must respect its limit")
+	n, err = b.Sweep(ctx, time.Now(), 100)
+	require.NoError(t, err)
+	assert.Equal(t, 6, n, "the rest of the expired records")
+	n, err = b.Sweep(ctx, time.Now(), 100)
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "nothing left to sweep")
+	for _, key := range []string{"long", "pending"} {
+		_, ok := get(t, b, key)
+		assert.True(t, ok, "%s must not be swept", key)
+	}
+}
+
+func testGetAndForget(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	_, ok := get(t, b, "absent")
+	assert.False(t, ok)
+	assert.NoError(t, b.Forget(ctx, "absent", time.Now()))
+
+	done := claimAndComplete(t, b, "done", "v", ttl)
+	got, ok := get(t, b, "done")
+	require.True(t, ok)
+	assertOutcome(t, done, "v", got)
+	require.NoError(t, b.Forget(ctx, "done", time.Now()))
+	_, ok = get(t, b, "done")
+	assert.False(t, ok)
+	claimKey(t, b, "done", lease) // a forgotten key can be claimed again
+
+	claimKey(t, b, "busy", lease)
+	assert.ErrorIs(t, b.Forget(ctx, "busy", time.Now()), idem.ErrInProgress, "a claim whose lease holds cannot be forgotten")
+	_, ok = get(t, b, "busy")
+	assert.True(t, ok)
+}

@@ -7,14 +7,21 @@ import (
 	"github.com/seed094d4201/idem"
 )
 
-// Faulty wraps a Backend and fails the operations its Fail function picks,
-// before they reach the wrapped backend: an unreachable database, a full
-// disk. Fail is called with the operation's name ("Claim", "Complete",
-// "Release", "Renew", "Get", "Forget", "Sweep"); a nil Fail, or a nil error from it,
-// lets the call through. Fail must be safe for concurrent use.
+// Faulty wraps a Backend and fails the operations its functions pick. Both
+// are called with the operation's name ("Claim", "Complete", "Release",
+// "Renew", "Get", "Forget", "Sweep"); a nil function, or a nil error from
+// it, lets the call through. They must be safe for concurrent use.
 type Faulty struct {
 	idem.Backend
+
+	// Fail fails an operation before it reaches the wrapped backend: an
+	// unreachable database, a full disk.
 	Fail func(op string) error
+
+	// Lose lets an operation reach the wrapped backend, then returns its
+	// error in place of the reply: the write landed, but its reply was lost
+	// on the way back.
+	Lose func(op string) error
 }
 
 var _ idem.Backend = Faulty{}
@@ -26,51 +33,87 @@ func (f Faulty) fail(op string) error {
 	return f.Fail(op)
 }
 
+// lose returns the error that replaces op's reply, if any.
+func (f Faulty) lose(op string) error {
+	if f.Lose == nil {
+		return nil
+	}
+	return f.Lose(op)
+}
+
 func (f Faulty) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
 	if err := f.fail("Claim"); err != nil {
 		return idem.Record{}, false, err
 	}
-	return f.Backend.Claim(ctx, rec, now, lease)
+	got, won, err := f.Backend.Claim(ctx, rec, now, lease)
+	if lerr := f.lose("Claim"); lerr != nil {
+		return idem.Record{}, false, lerr
+	}
+	return got, won, err
 }
 
 func (f Faulty) Complete(ctx context.Context, rec idem.Record, now time.Time, ttl time.Duration) error {
 	if err := f.fail("Complete"); err != nil {
 		return err
 	}
-	return f.Backend.Complete(ctx, rec, now, ttl)
+	err := f.Backend.Complete(ctx, rec, now, ttl)
+	if lerr := f.lose("Complete"); lerr != nil {
+		return lerr
+	}
+	return err
 }
 
 func (f Faulty) Release(ctx context.Context, key, token string) error {
 	if err := f.fail("Release"); err != nil {
 		return err
 	}
-	return f.Backend.Release(ctx, key, token)
+	err := f.Backend.Release(ctx, key, token)
+	if lerr := f.lose("Release"); lerr != nil {
+		return lerr
+	}
+	return err
 }
 
 func (f Faulty) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
 	if err := f.fail("Get"); err != nil {
 		return idem.Record{}, false, err
 	}
-	return f.Backend.Get(ctx, key, now)
+	rec, ok, err := f.Backend.Get(ctx, key, now)
+	if lerr := f.lose("Get"); lerr != nil {
+		return idem.Record{}, false, lerr
+	}
+	return rec, ok, err
 }
 
 func (f Faulty) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
 	if err := f.fail("Renew"); err != nil {
 		return err
 	}
-	return f.Backend.Renew(ctx, key, token, now, lease)
+	err := f.Backend.Renew(ctx, key, token, now, lease)
+	if lerr := f.lose("Renew"); lerr != nil {
+		return lerr
+	}
+	return err
 }
 
 func (f Faulty) Forget(ctx context.Context, key string, now time.Time) error {
 	if err := f.fail("Forget"); err != nil {
 		return err
 	}
-	return f.Backend.Forget(ctx, key, now)
+	err := f.Backend.Forget(ctx, key, now)
+	if lerr := f.lose("Forget"); lerr != nil {
+		return lerr
+	}
+	return err
 }
 
 func (f Faulty) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
 	if err := f.fail("Sweep"); err != nil {
 		return 0, err
 	}
-	return f.Backend.Sweep(ctx, now, limit)
+	n, err := f.Backend.Sweep(ctx, now, limit)
+	if lerr := f.lose("Sweep"); lerr != nil {
+		return 0, lerr
+	}
+	return n, err
 }

@@ -1,0 +1,172 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// errLost stands for a reply lost on its way back: a broken connection.
+var errLost = errors.New("connection reset by peer")
+
+// loseOnce returns a Lose function that loses the reply to op once.
+func loseOnce(op string) func(string) error {
+	var once sync.Once
+	return func(o string) error {
+		var err error
+		if o == op {
+			once.Do(func() { err = errLost })
+		}
+		return err
+	}
+}
+
+// A claim that landed but whose reply was lost is read back by its token:
+// fn runs once, and the outcome is recorded.
+func TestLostClaimReplyIsSettled(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	s := durableStore(t, idemtest.Faulty{Backend: mem, Lose: loseOnce("Claim")}, idem.Options{})
+	calls, fn := countingFn(order{1, 1})
+	v, err := s.RunOnce(context.Background(), "k", "p", fn)
+	require.NoError(t, err, "the claim landed: nothing is wrong for the caller")
+	assert.Equal(t, order{1, 1}, v)
+	assert.Equal(t, int32(1), calls.Load())
+	rec, _, err := mem.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateCompleted, rec.State, "the key is not stranded")
+}
+
+// An outcome write that landed but whose reply was lost is not reported as
+// lost.
+func TestLostCompleteReplyIsSettled(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	s := durableStore(t, idemtest.Faulty{Backend: mem, Lose: loseOnce("Complete")}, idem.Options{})
+	calls, fn := countingFn(order{2, 2})
+	v, err := s.RunOnce(context.Background(), "k", "p", fn)
+	require.NoError(t, err, "a write that landed is never reported lost")
+	assert.Equal(t, order{2, 2}, v)
+	other := durableStore(t, mem, idem.Options{})
+	v, err = other.RunOnce(context.Background(), "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{2, 2}, v, "another store replays it")
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// An outcome write that fails before it reaches the backend (a connection
+// killed mid-write) is tried again.
+func TestFailedCompleteIsRetried(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	var failures atomic.Int32
+	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Complete" && failures.Add(1) <= 3 {
+			return errLost
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{})
+	calls, fn := countingFn(order{3, 3})
+	v, err := s.RunOnce(context.Background(), "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{3, 3}, v)
+	assert.Equal(t, int32(4), failures.Load(), "three failed tries, then one that landed")
+	rec, _, err := mem.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateCompleted, rec.State)
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// A release whose reply was lost still frees the key: the next call runs fn.
+func TestLostReleaseReplyIsSettled(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	s := durableStore(t, idemtest.Faulty{Backend: mem, Lose: loseOnce("Release")}, idem.Options{})
+	transient := errors.New("bank unreachable")
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{}, transient })
+	assert.ErrorIs(t, err, transient)
+	assert.NotContains(t, err.Error(), errLost.Error(), "the release landed: the caller hears only fn's error")
+	calls, fn := countingFn(order{4, 4})
+	v, err := s.RunOnce(context.Background(), "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{4, 4}, v)
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// When a claim's reply is lost and the backend then stops answering, nobody
+// can tell whether the claim landed: the caller gets a BackendError, fn does
+// not run, and the claim is released once the backend answers again, so the
+// key is not left to turn interrupted.
+func TestUnknownClaimIsReleasedLater(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	var down atomic.Bool
+	b := idemtest.Faulty{Backend: mem,
+		Lose: func(op string) error {
+			if op == "Claim" {
+				down.Store(true)
+				return errLost
+			}
+			return nil
+		},
+		Fail: func(op string) error {
+			if down.Load() && op != "Claim" {
+				return errLost
+			}
+			return nil
+		},
+	}
+	s := durableStore(t, b, idem.Options{})
+	calls, fn := countingFn(order{5, 5})
+	_, err := s.RunOnce(context.Background(), "k", "p", fn)
+	var be *idem.BackendError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, "claim", be.Op)
+	assert.Zero(t, calls.Load(), "fn must not run on a claim nobody can confirm")
+	rec, ok, err := mem.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	require.True(t, ok, "the claim landed")
+	assert.Equal(t, idem.StatePending, rec.State)
+
+	down.Store(false) // the backend answers again
+	for {             // the store releases the claim it could not confirm
+		if _, ok, _ := mem.Get(context.Background(), "k", time.Now()); !ok {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	other := durableStore(t, mem, idem.Options{})
+	v, err := other.RunOnce(context.Background(), "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{5, 5}, v)
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// A go-redis-style client that retries a claim after a lost reply finds the
+// claim it made itself: the store must own it rather than wait on itself.
+func TestClaimFindingItsOwnTokenOwnsTheKey(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	s := durableStore(t, retryingClient{mem}, idem.Options{Lease: time.Hour})
+	calls, fn := countingFn(order{6, 6})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := s.RunOnce(ctx, "k", "p", fn)
+	require.NoError(t, err, "the store waited on its own claim")
+	assert.Equal(t, order{6, 6}, v)
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// retryingClient sends every claim twice, as a client library does when
+// the first reply is lost: the second finds the first's record.
+type retryingClient struct{ idem.Backend }
+
+func (r retryingClient) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+	if _, _, err := r.Backend.Claim(ctx, rec, now, lease); err != nil {
+		return idem.Record{}, false, err
+	}
+	return r.Backend.Claim(ctx, rec, now, lease)
+}

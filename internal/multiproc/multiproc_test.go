@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ import (
 // reads its settings from the environment, says "ready", waits for a line
 // on stdin, then requests every key, and exits.
 const (
-	childEnv   = "IDEM_MULTIPROC_CHILD" // the backend: "postgres" or "redis"
+	childEnv   = "IDEM_MULTIPROC_CHILD" // the backend: "postgres", "redis" or "redis-cluster"
 	tableEnv   = "IDEM_MULTIPROC_TABLE" // the backend's table or key prefix
 	effectsEnv = "IDEM_MULTIPROC_EFFECTS"
 	keysEnv    = "IDEM_MULTIPROC_KEYS"
@@ -36,6 +37,10 @@ const (
 const holdLease = 3 * time.Second
 
 func TestMain(m *testing.M) {
+	if os.Getenv(killLoopEnv) != "" { // works until SIGKILLed (killloop_test.go)
+		fmt.Fprintln(os.Stderr, "kill loop child:", runKillLoopChild())
+		os.Exit(1)
+	}
 	if os.Getenv(childEnv) != "" {
 		if err := runChild(); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
@@ -133,14 +138,19 @@ func runChild() error {
 	return <-errs
 }
 
-// open returns the backend of kind ("postgres" or "redis") under name (a
-// table, or a key prefix), and a func that closes what it opened.
+// open returns the backend of kind ("postgres", "redis" or "redis-cluster")
+// under name (a table, or a key prefix), and a func that closes what it
+// opened.
 func open(ctx context.Context, kind string, pool *pgxpool.Pool, name string) (idem.Backend, func(), error) {
 	if kind == "postgres" {
 		b, err := postgres.New(ctx, pool, postgres.Options{Table: name})
 		return b, func() {}, err
 	}
-	rdb := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}, PoolSize: 32})
+	opts := &goredis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}, PoolSize: 32}
+	if kind == "redis-cluster" {
+		opts.Addrs, opts.IsClusterMode = strings.Split(os.Getenv("IDEM_REDIS_CLUSTER_ADDRS"), ","), true
+	}
+	rdb := goredis.NewUniversalClient(opts)
 	return redis.New(rdb, redis.Options{Prefix: name}), func() { rdb.Close() }, nil
 }
 
@@ -148,10 +158,13 @@ func open(ctx context.Context, kind string, pool *pgxpool.Pool, name string) (id
 // every key's side effect happens exactly once.
 func TestRaceAcrossProcesses(t *testing.T) {
 	pool := testPool(t)
-	for _, kind := range []string{"postgres", "redis"} {
+	for _, kind := range []string{"postgres", "redis", "redis-cluster"} {
 		t.Run(kind, func(t *testing.T) {
 			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
 				t.Skip("IDEM_REDIS_ADDR is not set")
+			}
+			if kind == "redis-cluster" && os.Getenv("IDEM_REDIS_CLUSTER_ADDRS") == "" {
+				t.Skip("IDEM_REDIS_CLUSTER_ADDRS is not set: set it (.ci/redis-cluster starts a cluster) to race on a Redis Cluster")
 			}
 			const processes, keys = 4, 2000
 			effects := effectsTable(t, pool)

@@ -35,8 +35,10 @@ type Options struct {
 	// its context. Zero or negative means no bound.
 	ExecutionTimeout time.Duration
 
-	// Now returns the current time, for TTL expiry. Tests inject a fake clock
-	// here instead of sleeping. Nil means time.Now.
+	// Now returns the current time, for TTL expiry in memory and in a
+	// backend local to this process (bolt). A shared backend ignores it and
+	// uses its server's clock. Tests inject a fake clock here instead of
+	// sleeping. Nil means time.Now.
 	Now func() time.Time
 
 	// Fingerprint identifies a payload, to detect a key reused for a
@@ -54,11 +56,14 @@ type Options struct {
 	// Codec turns results into bytes for the Backend. Nil means JSONCodec.
 	Codec Codec
 
-	// Lease is how long a durable claim holds without renewal. While fn
+	// Lease is how long a durable claim holds without renewal, by the
+	// backend's clock (the database's, for a shared backend). While fn
 	// runs, the store renews it every third of that; a claim whose lease
-	// lapsed, because its owner died or stalled, is interrupted, and an
-	// owner that finds its claim lost sees fn's context cancelled and its
-	// outcome refused. Zero means 30 seconds.
+	// lapsed, because its owner died or stalled, is interrupted. The owner
+	// measures the lease on its own monotonic clock from when each request
+	// left and stops trusting it a tenth of the lease early: fn's context
+	// is then cancelled (ErrLeaseLost), and its outcome is refused if
+	// another owner took the key. Zero means 30 seconds.
 	Lease time.Duration
 
 	// SettleTimeout bounds how long the store keeps trying to settle a

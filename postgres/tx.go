@@ -24,7 +24,7 @@ import (
 // a key held by an ordinary, non-transactional RunOnce is idem.ErrInProgress
 // or, if its lease lapsed, idem.ErrOutcomeUnknown.
 //
-// store supplies the fingerprint, codec, TTL and clock; its Backend must be
+// store supplies the fingerprint, codec and TTL; its Backend must be
 // a *Backend, whose table holds the key. fn must do its writes through tx,
 // and must not commit or roll it back.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx pgx.Tx) (R, error)) (R, error) {

@@ -1,5 +1,5 @@
 // Package redis is an idem.Backend in Redis, shared by every process and
-// machine that uses the same Redis (single node, Sentinel or Cluster, through
+// machine that uses the same Redis (a single node or a Cluster, through
 // redis.UniversalClient).
 //
 // Each key's record is one Redis string, prefixed with the fields the Lua
@@ -18,7 +18,7 @@
 // appendonly yes with appendfsync always; with everysec a crash can lose the
 // last second of claims and outcomes, and a lost claim lets a retry run
 // again. Replication is asynchronous and the backend issues no WAIT, so a
-// failover (Sentinel, Cluster) can lose acknowledged claims in the same way.
+// failover can lose acknowledged claims in the same way.
 //
 // Clocks: every lease and expiry is made and judged by the Redis server's
 // clock (TIME, inside the scripts), from durations the Store sends, so skew
@@ -139,59 +139,57 @@ func fromMillis(ms int64) time.Time {
 // lease or an expiry. (Redis 7 replicates a script's effects, not the
 // script, so reading TIME is allowed.) A completed record expires at PXAT.
 const (
-	// luaNow sets now to the server's time in milliseconds.
+	// luaNow sets now to the server's time in milliseconds. TIME costs
+	// about as much as a GET inside a script, so the scripts read it only
+	// where they judge a lease; a completed record's expiry is Redis's own
+	// key expiry, which Redis applies by its clock before any script sees
+	// the key.
 	luaNow = `local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 `
-	// luaSeen returns the standing value v of KEYS[1] as the server sees it
-	// at now: nil if it is completed and expired, else {v, expiry in ms,
-	// 1 if it is pending and its lease lapsed}.
-	luaSeen = `local function seen(v)
-  local st, lease = string.match(v, '^(%d)|(%d*)|')
-  local expires = tonumber(redis.call('PEXPIRETIME', KEYS[1]))
-  if st == '2' and expires > 0 and expires <= now then return nil end
-  local lapsed = 0
-  if st == '1' and lease ~= '0' and tonumber(lease) <= now then lapsed = 1 end
-  return {v, expires, lapsed}
+	// luaSeen returns the standing value v of KEYS[1] as the server sees it:
+	// {v, expiry in ms, 1 if it is pending and its lease lapsed}.
+	luaSeen = `local st, lease = string.match(v, '^(%d)|(%d*)|')
+if st == '2' then return {v, redis.call('PEXPIRETIME', KEYS[1]), 0} end
+local lapsed = 0
+if st == '1' and lease ~= '0' then
+` + luaNow + `  if tonumber(lease) <= now then lapsed = 1 end
 end
+return {v, -1, lapsed}
 `
 )
 
 var (
 	// KEYS[1] key; ARGV[1] token, ARGV[2] lease (ms), ARGV[3] binary
-	// record. Claims the key if it is free or its record completed and
-	// expired, and returns now; else returns the standing record, seen.
-	claimScript = redis.NewScript(luaNow + luaSeen + `
-local v = redis.call('GET', KEYS[1])
+	// record. Claims the key if it is free (Redis has dropped an expired
+	// record), and returns now; else returns the standing record, seen.
+	claimScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if v then
-  local s = seen(v)
-  if s then return s end
-end
-local lease = 0
-if tonumber(ARGV[2]) > 0 then lease = now + tonumber(ARGV[2]) end
+` + luaSeen + `end
+` + luaNow + `local lease = 0
+if tonumber(ARGV[2]) > 0 then lease = now + ARGV[2] end
 redis.call('SET', KEYS[1], '1|' .. lease .. '|' .. ARGV[1] .. '|' .. now .. '|' .. ARGV[3])
 return now`)
 
-	// KEYS[1] key; ARGV[1] token. Returns the record, seen, or nil.
-	getScript = redis.NewScript(luaNow + luaSeen + `
-local v = redis.call('GET', KEYS[1])
+	// KEYS[1] key. Returns the record, seen, or nil.
+	getScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if not v then return nil end
-return seen(v)`)
+` + luaSeen)
 
 	// KEYS[1] key, and KEYS[2] the expiry index if it is on the same node;
 	// ARGV[1] token, ARGV[2] binary record, ARGV[3] TTL (ms), ARGV[4] the
-	// key's name in the index. Returns the expiry (ms), or 0 if the token
-	// does not hold an unsettled claim.
-	completeScript = redis.NewScript(luaNow + `
-local v = redis.call('GET', KEYS[1])
+	// key's name in the index, ARGV[5] its score there. Returns 1, or 0 if
+	// the token does not hold an unsettled claim. The record expires PX
+	// after the server's now. (A value written before the header had its
+	// created field has an empty one here.)
+	completeScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local st, _, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
+local st, tok, created = string.match(v, '^(%d)|%d*|([^|]*)|(%d*)')
 if tok ~= ARGV[1] or st == '2' then return 0 end
-local created = string.match(v, '^%d|%d*|[^|]*|(%d+)|') or '0'
-local expires = now + tonumber(ARGV[3])
-redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. ARGV[2], 'PXAT', expires)
-if KEYS[2] then redis.call('ZADD', KEYS[2], expires, ARGV[4]) end
-return expires`)
+if created == '' then created = '0' end
+redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. ARGV[2], 'PX', ARGV[3])
+if KEYS[2] then redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4]) end
+return 1`)
 
 	// KEYS[1] key; ARGV[1] token.
 	releaseScript = redis.NewScript(`
@@ -278,20 +276,22 @@ func (b *Backend) Complete(ctx context.Context, rec idem.Record, _ time.Time, tt
 		return err
 	}
 	ms := max(ttl.Milliseconds(), 1)
+	// The expiry index only paces Sweep, which checks each record itself,
+	// and Redis expires the records on its own clock: an index score by
+	// this process's clock decides nothing.
+	score := time.Now().Add(ttl).UnixMilli()
 	if b.oneSlot { // the script adds the index entry too: one command
-		n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key), b.index}, rec.Token, enc, ms, rec.Key).Int64()
+		n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key), b.index}, rec.Token, enc, ms, rec.Key, score).Int64()
 		return owned(n, err, rec.Key)
 	}
 	// On a Cluster the index is on another node: one round trip all the
-	// same, through a pipeline, with an expiry by this process's clock. The
-	// index only paces Sweep, which checks each record's own expiry, and
-	// Redis expires the records itself. Scripts in a pipeline go as EVAL,
-	// since a pipeline cannot fall back from EVALSHA on a node that has not
-	// cached the script.
+	// same, through a pipeline. Scripts in a pipeline go as EVAL, since a
+	// pipeline cannot fall back from EVALSHA on a node that has not cached
+	// the script.
 	var complete *redis.Cmd
 	_, err = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		complete = completeScript.Eval(ctx, p, []string{b.key(rec.Key)}, rec.Token, enc, ms, rec.Key)
-		p.ZAdd(ctx, b.index, redis.Z{Score: float64(time.Now().Add(ttl).UnixMilli()), Member: rec.Key})
+		complete = completeScript.Eval(ctx, p, []string{b.key(rec.Key)}, rec.Token, enc, ms, rec.Key, score)
+		p.ZAdd(ctx, b.index, redis.Z{Score: float64(score), Member: rec.Key})
 		return nil
 	})
 	if err != nil && complete.Err() == nil {

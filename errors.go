@@ -93,11 +93,12 @@ func (e *PanicError) Unwrap() error {
 }
 
 // NotRecordedError is returned, together with fn's result, when fn finished
-// with a final outcome but the Backend could not record it. The key stays
-// claimed rather than released, since the operation took effect: this
-// process replays the outcome from memory for as long as the store lives,
-// and after a restart the key is interrupted (ErrOutcomeUnknown) until an
-// operator reconciles it.
+// with a final outcome but the Backend could not record it, though the
+// store kept trying for Options.SettleTimeout and read the record back. The
+// key stays claimed rather than released, since the operation took effect:
+// this process replays the outcome from memory for as long as the store
+// lives, and after a restart the key is interrupted (ErrOutcomeUnknown)
+// until an operator reconciles it.
 type NotRecordedError struct {
 	Err error // why recording failed
 }
@@ -110,7 +111,8 @@ func (e *NotRecordedError) Unwrap() error { return e.Err }
 
 // BackendError is returned when a Backend call fails: the backend is
 // unreachable, full or broken. Op names the call ("claim", "get", "forget",
-// "sweep"); for "claim", fn did not run and nothing was recorded.
+// "sweep"); for "claim", fn did not run, and a claim that may have landed
+// unseen (its reply lost) is released as soon as the backend answers again.
 type BackendError struct {
 	Op  string
 	Err error

@@ -124,7 +124,10 @@ func waitGone(t *testing.T, b *Backend, keys []string) {
 
 func TestClusterConformance(t *testing.T) {
 	rdb := testClusterClient(t)
-	idemtest.RunShared(t, func(t *testing.T) idem.Backend { return testClusterBackend(t, rdb) })
+	idemtest.RunShared(t, func(t *testing.T) idem.Backend {
+		flushScripts(t, rdb) // every subtest starts on nodes that know no script
+		return testClusterBackend(t, rdb)
+	})
 }
 
 // TestClusterColdScriptCache: a Store over a Cluster whose primaries have

@@ -46,5 +46,8 @@ func testBackend(t testing.TB, rdb redis.UniversalClient) *Backend {
 
 func TestConformance(t *testing.T) {
 	rdb := testClient(t)
-	idemtest.RunShared(t, func(t *testing.T) idem.Backend { return testBackend(t, rdb) })
+	idemtest.RunShared(t, func(t *testing.T) idem.Backend {
+		flushScripts(t, rdb) // every subtest starts on a server that knows no script
+		return testBackend(t, rdb)
+	})
 }

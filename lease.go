@@ -64,7 +64,7 @@ func (s *Store[R]) renew(ctx context.Context, claim Record, sent time.Time) (_ c
 		case !time.Now().Before(until): // renewals failed until the lease ran out
 			cancel(ErrLeaseLost)
 		default: // failed for now: try again soon, but not past the lease
-			timer.Reset(min(every, until.Sub(time.Now())))
+			timer.Reset(min(every, time.Until(until)))
 		}
 	})
 	return ctx, func() {

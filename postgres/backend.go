@@ -310,14 +310,6 @@ func scanNext(rows pgx.Rows, extra ...any) (idem.Record, bool, error) {
 	return rec, true, rows.Err()
 }
 
-// nullTime is t, or SQL NULL for the zero Time.
-func nullTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
-}
-
 // Each calls fn for every record, in key order, stopping at fn's first
 // error. It is for inspection (cmd/idem): it reads the whole table.
 func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {

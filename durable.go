@@ -23,7 +23,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		// The lease is trusted from before the claim leaves: whatever clock
 		// the backend uses, it cannot have granted the lease any earlier.
 		sent := time.Now()
-		rec, claimed, err := s.claimDurable(ctx, claim)
+		rec, claimed, err := s.claimDurable(ctx, claim, sent)
 		switch {
 		case err != nil:
 			return val, err, false
@@ -65,10 +65,11 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 // claimDurable claims claim.Key in the backend. A standing record that holds
 // claim's own token is this claim: an earlier attempt landed and its reply
 // was lost (a client library that retried, or the read-back below). A claim
-// that fails is read back: if it landed after all, this store owns the key;
-// if the read fails too, nobody can tell, so the claim is released in the
-// background, once the backend answers, rather than left to strand the key.
-func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool, error) {
+// that fails may still have landed, or may yet land (a request delayed on
+// a connection the client gave up on): it is read back, and unless it is
+// found in time to run fn under it, it is released in the background as
+// soon as it shows up, rather than left to strand the key.
+func (s *Store[R]) claimDurable(ctx context.Context, claim Record, sent time.Time) (Record, bool, error) {
 	b := s.opts.Backend
 	rec, claimed, err := b.Claim(ctx, claim, s.opts.Now(), s.opts.Lease)
 	if err == nil {
@@ -80,14 +81,10 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.settleTimeout())
 	defer cancel()
 	rec, found, gerr := b.Get(rctx, claim.Key, s.opts.Now())
-	switch {
-	case gerr == nil && found && rec.Token == claim.Token && rec.State == StatePending:
+	if gerr == nil && found && rec.Token == claim.Token && rec.State == StatePending {
 		return rec, true, nil
-	case gerr != nil || (found && rec.Token == claim.Token):
-		// Unknown, or landed so late that its lease has lapsed: fn must
-		// not run under it, and the key must not stay interrupted by it.
-		s.releaseLater(claim.Key, claim.Token)
 	}
+	s.releaseLater(claim.Key, claim.Token, sent)
 	return Record{}, false, &BackendError{Op: "claim", Err: err}
 }
 
@@ -103,19 +100,25 @@ const (
 // was released). It gives up with ErrInProgress when the store closes or ctx
 // ends; the callers waiting on this execution leave on their own contexts.
 func (s *Store[R]) awaitSettled(ctx context.Context, key string) (Record, error) {
+	// A backend that stops answering must not hold Close up.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.stopping, cancel)()
 	wait := pollMin
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		select {
 		case <-timer.C:
-		case <-s.stop:
+		case <-s.stopping.Done():
 			return Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
 		case <-ctx.Done():
 			return Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		}
 		rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
 		switch {
+		case err != nil && s.stopping.Err() != nil:
+			return Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
 		case err != nil:
 			return Record{}, &BackendError{Op: "get", Err: err}
 		case !ok:
@@ -131,26 +134,29 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (Record, error)
 // runClaimed runs fn under the durable claim and records its outcome: a final
 // outcome is completed, anything else releases the claim. Both use a context
 // that fn's timeout cannot end, so a finished operation is never lost for
-// want of time to record it. sent is when the claim was sent.
+// want of time to record it, and the lease is renewed until the outcome is
+// settled. sent is when the claim was sent.
 func (s *Store[R]) runClaimed(ctx context.Context, claim Record, sent time.Time, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
 	record := context.WithoutCancel(ctx)
 	ctx, stopRenewing := s.renew(ctx, claim, sent)
 	defer stopRenewing()
+	if !s.trusted(sent) {
+		// The claim's reply came too late to trust its lease: another store
+		// may already take the key for interrupted, so fn must not start.
+		s.releaseOrLater(record, claim.Key, claim.Token)
+		return val, &BackendError{Op: "claim", Err: errors.New("the lease ran out before fn could start")}, false
+	}
 	settled := false
 	defer func() {
 		if !settled { // fn called runtime.Goexit: it failed before commit
-			_ = s.release(record, claim.Key, claim.Token)
+			s.releaseOrLater(record, claim.Key, claim.Token)
 		}
 	}()
 	val, err, returned := call(ctx, fn)
-	stopRenewing()
 	settled = true
 	if !returned || !isFinalOutcome(err) {
-		if rerr := s.release(record, claim.Key, claim.Token); rerr != nil {
-			// Unless the claim was lost anyway, the record stays pending:
-			// pin the failure so this process answers it rather than "in
-			// progress" until a restart or lapsed lease interrupts the key.
-			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend: %w", rerr)), !errors.Is(rerr, ErrNotOwner)
+		if rerr := s.releaseOrLater(record, claim.Key, claim.Token); rerr != nil {
+			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), false
 		}
 		return val, err, false
 	}

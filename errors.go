@@ -98,12 +98,17 @@ func (e *PanicError) Unwrap() error {
 // key stays claimed rather than released, since the operation took effect:
 // this process replays the outcome from memory for as long as the store
 // lives, and after a restart the key is interrupted (ErrOutcomeUnknown)
-// until an operator reconciles it.
+// until an operator reconciles it. If instead the claim was lost (Err
+// matches ErrNotOwner: its lease lapsed and another owner took the key),
+// the backend holds that owner's outcome, which later callers get.
 type NotRecordedError struct {
 	Err error // why recording failed
 }
 
 func (e *NotRecordedError) Error() string {
+	if errors.Is(e.Err, ErrNotOwner) {
+		return "idem: the operation finished but its outcome was not recorded: the claim was lost to another owner: " + e.Err.Error()
+	}
 	return "idem: the operation finished but its outcome was not recorded; the key stays claimed: " + e.Err.Error()
 }
 

@@ -8,50 +8,68 @@ import (
 )
 
 // ErrLeaseLost is the cause of fn's context when the store stops trusting
-// fn's durable claim: another owner took the key, or renewals failed until
-// the lease was about to lapse. The outcome of such an fn is refused
-// (ErrNotOwner) if another owner took the key meanwhile.
+// fn's durable claim: another owner took the key, or renewals did not get
+// through before the lease was about to lapse. The outcome of such an fn is
+// refused (ErrNotOwner) if another owner took the key meanwhile.
 var ErrLeaseLost = errors.New("idem: lease lost: another owner holds the key")
 
-// leaseMargin is how long before its lease could lapse, by the backend's
-// clock, that an owner stops trusting it: a tenth of the lease, for timers
-// that fire late, pauses, and clocks that run at slightly different rates.
-func leaseMargin(lease time.Duration) time.Duration { return lease / 10 }
+// leaseTrust is how long after a request left an owner trusts the lease it
+// asks for: the lease less a tenth, for timers that fire late, pauses, and
+// clocks that run at slightly different rates.
+func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 
-// renew keeps claim's lease alive while fn runs: every third of the lease it
-// extends it. If the claim turns out to be lost, or renewals keep failing (a
-// partition) until the lease is about to lapse, it cancels the returned
-// context with ErrLeaseLost: past that point another store may take the key
-// for interrupted. stop ends the renewals. A fast fn costs one timer and no
-// goroutine.
-//
+// renew keeps claim's lease alive: every third of the lease it extends it.
 // The lease is measured on this process's monotonic clock from the moment
-// each request was sent (sent, for the claim): the backend grants it from a
+// each request left (sent, for the claim): the backend grants it from a
 // later instant, by whatever clock it keeps, so the owner always gives up
 // first, and skew between clocks cannot make it trust a lapsed lease.
+//
+// The returned context is cancelled with ErrLeaseLost when the claim turns
+// out to be lost, or when the trusted lease runs out without a renewal
+// getting through (a partition, a backend that does not answer), whatever
+// the renewal call is doing. stop ends the renewals and waits for none; a
+// renewal already in flight is counted in s.background, so Close waits for
+// it, and its context ends when the store closes. A fast fn costs two
+// timers and no goroutine.
 func (s *Store[R]) renew(ctx context.Context, claim Record, sent time.Time) (_ context.Context, stop func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	lease := s.opts.Lease
-	every := lease / 3
-	trust := lease - leaseMargin(lease)
+	every, trust := lease/3, leaseTrust(lease)
 	var (
 		mu      sync.Mutex
-		stopped bool              // guarded by mu
-		timer   *time.Timer       // guarded by mu: set, and Reset while not stopped
+		stopped bool              // guarded by mu; no renewal starts once set
 		until   = sent.Add(trust) // guarded by mu: when the lease stops being trusted
+		renewal *time.Timer       // guarded by mu: Reset while not stopped
+		expiry  *time.Timer       // guarded by mu: fires at until; Reset when it moves
 	)
 	mu.Lock()
 	defer mu.Unlock()
-	timer = time.AfterFunc(every, func() {
+	expiry = time.AfterFunc(time.Until(until), func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped && !time.Now().Before(until) {
+			cancel(ErrLeaseLost)
+		}
+	})
+	renewal = time.AfterFunc(every, func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		s.background.Add(1) // before stop can return: Close waits for this call
+		mu.Unlock()
+		defer s.background.Done()
+
 		// A renewal that lands after the outcome was recorded is refused by
 		// the backend (the record is no longer pending), which is harmless.
 		sent := time.Now()
-		mu.Lock()
-		left := until.Sub(sent)
-		mu.Unlock()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), max(left, time.Millisecond))
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), trust)
+		unhook := context.AfterFunc(s.closing, rcancel)
 		err := s.opts.Backend.Renew(rctx, claim.Key, claim.Token, s.opts.Now(), lease)
+		unhook()
 		rcancel()
+
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -60,18 +78,23 @@ func (s *Store[R]) renew(ctx context.Context, claim Record, sent time.Time) (_ c
 			cancel(ErrLeaseLost)
 		case err == nil:
 			until = sent.Add(trust)
-			timer.Reset(every)
-		case !time.Now().Before(until): // renewals failed until the lease ran out
-			cancel(ErrLeaseLost)
-		default: // failed for now: try again soon, but not past the lease
-			timer.Reset(min(every, time.Until(until)))
+			expiry.Reset(time.Until(until))
+			renewal.Reset(every)
+		default: // failed for now: try again soon; expiry ends the trust
+			renewal.Reset(min(every, max(time.Until(until), time.Millisecond)))
 		}
 	})
 	return ctx, func() {
 		mu.Lock()
 		stopped = true
-		timer.Stop()
+		renewal.Stop()
+		expiry.Stop()
 		mu.Unlock()
 		cancel(nil)
 	}
+}
+
+// trusted reports whether a lease asked for at sent may still be trusted.
+func (s *Store[R]) trusted(sent time.Time) bool {
+	return time.Since(sent) < leaseTrust(s.opts.Lease)
 }

@@ -89,11 +89,27 @@ func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error
 	}
 }
 
-// releaseLater releases the claim held by token in the background, once the
-// backend answers: a claim whose fate is unknown must not hold its key
-// until its lease lapses and leaves it interrupted. It gives up when the
-// store closes.
-func (s *Store[R]) releaseLater(key, token string) {
+// releaseOrLater releases the claim held by token, and if that cannot be
+// settled now, goes on trying in the background: a failure before commit
+// must leave the key free once the backend answers, not pinned to this
+// process's memory nor interrupted for good. It returns the error of the
+// first attempt.
+func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error {
+	err := s.release(ctx, key, token)
+	if err != nil && !errors.Is(err, ErrNotOwner) {
+		s.releaseLater(key, token, time.Now())
+	}
+	return err
+}
+
+// releaseLater releases, in the background, a claim whose fate is unknown:
+// it may have landed, or may yet land (a request delayed on a connection
+// given up on), and it must not hold its key until its lease lapses and
+// leaves it interrupted. It releases the claim once the backend answers,
+// and watches for it to show up for a lease and a settle timeout after
+// sent. It gives up when the store closes.
+func (s *Store[R]) releaseLater(key, token string, sent time.Time) {
+	watch := sent.Add(s.opts.Lease + s.settleTimeout())
 	s.background.Add(1)
 	go func() {
 		defer s.background.Done()
@@ -101,8 +117,11 @@ func (s *Store[R]) releaseLater(key, token string) {
 		wait := settleMin
 		for {
 			err := s.opts.Backend.Release(ctx, key, token)
-			if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, ErrClosed) {
+			switch {
+			case err == nil, errors.Is(err, ErrClosed):
 				return
+			case errors.Is(err, ErrNotOwner) && time.Now().After(watch):
+				return // it never landed, or it was settled otherwise
 			}
 			select {
 			case <-ctx.Done():

@@ -22,11 +22,13 @@ type Store[R any] struct {
 	stop      chan struct{} // closed by Close to stop the sweeper
 	swept     chan struct{} // closed by the sweeper when it exits; nil if there is none
 
-	// closing is cancelled by Close; background holds the goroutines that
-	// settle backend writes on their own (releaseLater), which it ends.
-	closing    context.Context
-	endClosing context.CancelFunc
-	background sync.WaitGroup
+	// stopping is cancelled as Close begins: it ends polls of a key held
+	// elsewhere. closing is cancelled once executions have finished: it ends
+	// the goroutines in background, which settle backend writes on their
+	// own (releaseLater) or renew a lease, and Close waits for them.
+	stopping, closing       context.Context
+	endStopping, endClosing context.CancelFunc
+	background              sync.WaitGroup
 }
 
 // testHookWait, if set, runs each time a caller starts waiting for an
@@ -40,6 +42,7 @@ func New[R any](opts Options) *Store[R] {
 		stop: make(chan struct{}),
 	}
 	s.table = newTable[R](s.opts.MaxKeys)
+	s.stopping, s.endStopping = context.WithCancel(context.Background())
 	s.closing, s.endClosing = context.WithCancel(context.Background())
 	if s.opts.SweepInterval > 0 {
 		s.swept = make(chan struct{})
@@ -301,6 +304,7 @@ func (s *Store[R]) Close() error {
 		s.closed.Store(true)
 		s.table.close()
 		close(s.stop)
+		s.endStopping()
 		if s.swept != nil {
 			<-s.swept
 		}

@@ -133,12 +133,7 @@ func TestUnknownClaimIsReleasedLater(t *testing.T) {
 	assert.Equal(t, idem.StatePending, rec.State)
 
 	down.Store(false) // the backend answers again
-	for {             // the store releases the claim it could not confirm
-		if _, ok, _ := mem.Get(context.Background(), "k", time.Now()); !ok {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, absent(mem, "k"), "the store releases the claim it could not confirm")
 	other := durableStore(t, mem, idem.Options{})
 	v, err := other.RunOnce(context.Background(), "k", "p", fn)
 	require.NoError(t, err)

@@ -34,6 +34,12 @@ func testLapsedLeaseIsInterrupted(t *testing.T, b idem.Backend) {
 	require.NoError(t, b.Forget(ctx, "k", time.Now()), "an interrupted claim can be forgotten")
 	_, ok := get(t, b, "k")
 	assert.False(t, ok)
+
+	// A lease finer than the backend keeps is rounded up, never down to
+	// "no lease", which would leave the key pending for good.
+	claimKey(t, b, "tiny", 900*time.Microsecond)
+	eventually(t, func() bool { rec, _ := get(t, b, "tiny"); return rec.State == idem.StateInterrupted },
+		"a 900 µs lease must lapse")
 }
 
 // An interrupted claim's owner may still record its outcome or release it:

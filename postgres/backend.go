@@ -166,7 +166,7 @@ RETURNING true, false, ` + columns,
     value = $4, failed = $5, err_msg = $6
 WHERE key = $1 AND token = $2 AND state <> 2`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state <> 2`,
-		renew: `UPDATE ` + t + ` SET lease_until = ` + after("$3") + `
+		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + $3::bigint * interval '1 microsecond'
 WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `)`,
 		get: `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND ` + live,
 		all: `SELECT ` + seenColumns + ` FROM ` + t + ` ORDER BY key`,
@@ -181,8 +181,14 @@ WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_un
 	}
 }
 
-// micros is d in whole microseconds, the unit the statements take.
-func micros(d time.Duration) int64 { return d.Microseconds() }
+// micros is d in microseconds, the unit the statements take, rounded up:
+// a positive lease or TTL never becomes zero, which means none.
+func micros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
 
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored.

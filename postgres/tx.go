@@ -2,9 +2,12 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/seed094d4201/idem"
@@ -55,7 +58,7 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 
 	// No lease: the claim is never seen outside this transaction, and it
 	// commits with its outcome or not at all.
-	claim := idem.Record{Key: key, Fingerprint: fp, Token: "tx", State: idem.StatePending}
+	claim := idem.Record{Key: key, Fingerprint: fp, Token: txToken(), State: idem.StatePending}
 	args := []any{key, fp[:], claim.Token, 0}
 	rows, err := tx.Query(ctx, b.q.claim, args...)
 	if err != nil {
@@ -133,10 +136,27 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 	if _, cerr := tx.Exec(ctx, b.q.complete, done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, done.ErrMsg); cerr != nil {
 		return val, errors.Join(err, cerr)
 	}
-	if cerr := tx.Commit(ctx); cerr != nil {
+	if cerr := tx.Commit(ctx); cerr != nil && !committed(ctx, b, opts, done) {
 		return val, errors.Join(err, fmt.Errorf("postgres: committing: %w", cerr))
 	}
 	return val, err
+}
+
+// committed reports whether done, the outcome of a transaction whose COMMIT
+// failed, is in the table after all: the reply to a COMMIT that took effect
+// can be lost. The claim's token, unique to the transaction, tells.
+func committed(ctx context.Context, b *Backend, opts idem.Options, done idem.Record) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
+	defer cancel()
+	rec, ok, err := b.Get(ctx, done.Key, time.Time{})
+	return err == nil && ok && rec.Token == done.Token && rec.State == idem.StateCompleted
+}
+
+// txToken returns a token unique to one transaction's claim.
+func txToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return "tx-" + hex.EncodeToString(b[:])
 }
 
 // callTx runs fn, turning a panic into an *idem.PanicError.

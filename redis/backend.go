@@ -25,6 +25,11 @@
 // between the machines that use it cannot hand a live claim to a second
 // owner. Needs Redis 7.0 or later (PEXPIRETIME, and scripts that read TIME).
 //
+// The header gained its created field in the release that moved time into
+// the scripts: this version reads values written by the one before, but not
+// the other way round, so stop the replicas of the older version before the
+// newer one writes records.
+//
 // Scripts are sent by hash and loaded on a server that has not cached them
 // (a new or restarted server, a failover, every node of a new Cluster);
 // inside pipelines they are sent whole.
@@ -122,6 +127,15 @@ func decode(key, v string, expires int64, lapsed bool) (idem.Record, error) {
 		rec.State = idem.StateInterrupted
 	}
 	return rec, nil
+}
+
+// millis is d in milliseconds, the unit the scripts take, rounded up: a
+// positive lease or TTL never becomes zero, which means none.
+func millis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // fromMillis is the instant ms milliseconds after 1970, or the zero Time for
@@ -241,14 +255,14 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, _ time.Time, lease
 	if strings.ContainsRune(rec.Token, '|') {
 		return idem.Record{}, false, fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
 	}
-	reply, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, lease.Milliseconds(), enc).Result()
+	reply, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, millis(lease), enc).Result()
 	if err != nil {
 		return idem.Record{}, false, err
 	}
 	if now, ok := reply.(int64); ok {
 		claim := idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: idem.StatePending, CreatedAt: time.UnixMilli(now)}
 		if lease > 0 {
-			claim.LeaseUntil = claim.CreatedAt.Add(lease.Truncate(time.Millisecond))
+			claim.LeaseUntil = claim.CreatedAt.Add(time.Duration(millis(lease)) * time.Millisecond)
 		}
 		return claim, true, nil
 	}
@@ -275,7 +289,7 @@ func (b *Backend) Complete(ctx context.Context, rec idem.Record, _ time.Time, tt
 	if err != nil {
 		return err
 	}
-	ms := max(ttl.Milliseconds(), 1)
+	ms := max(millis(ttl), 1)
 	// The expiry index only paces Sweep, which checks each record itself,
 	// and Redis expires the records on its own clock: an index score by
 	// this process's clock decides nothing.
@@ -308,7 +322,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
-	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, lease.Milliseconds()).Int64()
+	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, millis(lease)).Int64()
 	return owned(n, err, key)
 }
 

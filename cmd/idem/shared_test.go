@@ -49,12 +49,13 @@ func TestSharedBackends(t *testing.T) {
 			b := tc.backend(t)
 			_, _, err := b.Claim(ctx, dead, time.Now(), time.Millisecond)
 			require.NoError(t, err)
-			for { // until the lease lapses by the server's clock
+			for deadline := time.Now().Add(10 * time.Second); ; { // until the lease lapses by the server's clock
 				rec, _, err := b.Get(ctx, dead.Key, time.Now())
 				require.NoError(t, err)
 				if rec.State == idem.StateInterrupted {
 					break
 				}
+				require.True(t, time.Now().Before(deadline), "the lease never lapsed")
 				time.Sleep(5 * time.Millisecond)
 			}
 

@@ -60,7 +60,7 @@ func SkewedStores(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 			})
 			result <- err
 		}()
-		<-inFn
+		started(t, inFn)
 		deadline := time.Now().Add(4 * 600 * time.Millisecond) // four leases: several renewals
 		for time.Now().Before(deadline) {
 			for _, s := range others {
@@ -106,7 +106,7 @@ func SkewedStores(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 				return 1, nil
 			})
 		}()
-		<-inFn
+		started(t, inFn)
 		assert.ErrorIs(t, fast.Forget(context.Background(), "live"), idem.ErrInProgress, "a fast store forgot a live claim")
 		close(release)
 		<-done
@@ -148,4 +148,14 @@ func SkewedStores(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 			assert.Equal(t, 1, n, "key %s ran %d times", key, n)
 		}
 	})
+}
+
+// started waits for fn to signal that it runs, for at most ten seconds.
+func started(t *testing.T, inFn <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-inFn:
+	case <-time.After(10 * time.Second):
+		t.Fatal("fn never started")
+	}
 }

@@ -59,12 +59,13 @@ func TestKilledOwner(t *testing.T) {
 		assert.ErrorIs(t, err, idem.ErrInProgress, "the dead owner's lease still holds")
 
 		// Wait, by the clock, for the lease to run out.
-		for {
+		for deadline := time.Now().Add(30 * time.Second); ; {
 			rec, _, err := b.Get(ctx, "k", time.Now())
 			require.NoError(t, err)
 			if rec.State == idem.StateInterrupted {
 				break
 			}
+			require.True(t, time.Now().Before(deadline), "the lease never lapsed")
 			time.Sleep(50 * time.Millisecond)
 		}
 		_, err = s.RunOnce(ctx, "k", "p", fn)
@@ -113,12 +114,13 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 			result <- err
 		}()
 		<-inFn
-		for { // until the stalled owner's lease has run out
+		for deadline := time.Now().Add(30 * time.Second); ; { // until the stalled owner's lease has run out
 			rec, _, err := b.Get(ctx, "k", time.Now())
 			require.NoError(t, err)
 			if rec.State == idem.StateInterrupted {
 				break
 			}
+			require.True(t, time.Now().Before(deadline), "the stalled owner's lease never lapsed")
 			time.Sleep(20 * time.Millisecond)
 		}
 		fresh := idem.New[int](idem.Options{Backend: b, RetryInterrupted: true})

@@ -74,7 +74,8 @@ type Record struct {
 // # Time
 //
 // Leases and expiry decide ownership, so one clock must judge them. The
-// methods get durations (a lease, a TTL) and now, the Store's clock
+// methods get durations (a lease, a TTL; a Store sends at most a century)
+// and now, the Store's clock
 // (Options.Now) at the call. A backend local to one process (memory,
 // bbolt) judges by now. A backend shared between machines must not: it
 // makes every instant it stores or compares from its server's clock when it

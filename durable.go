@@ -23,7 +23,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		// The lease is trusted from before the claim leaves: whatever clock
 		// the backend uses, it cannot have granted the lease any earlier.
 		sent := time.Now()
-		rec, claimed, err := s.claimDurable(ctx, claim, sent)
+		rec, claimed, err := s.claimDurable(ctx, claim)
 		switch {
 		case err != nil:
 			return val, err, false
@@ -69,7 +69,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 // a connection the client gave up on): it is read back, and unless it is
 // found in time to run fn under it, it is released in the background as
 // soon as it shows up, rather than left to strand the key.
-func (s *Store[R]) claimDurable(ctx context.Context, claim Record, sent time.Time) (Record, bool, error) {
+func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool, error) {
 	b := s.opts.Backend
 	rec, claimed, err := b.Claim(ctx, claim, s.opts.Now(), s.opts.Lease)
 	if err == nil {
@@ -84,7 +84,7 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim Record, sent time.Tim
 	if gerr == nil && found && rec.Token == claim.Token && rec.State == StatePending {
 		return rec, true, nil
 	}
-	s.releaseLater(claim.Key, claim.Token, sent)
+	s.releaseLater(claim.Key, claim.Token)
 	return Record{}, false, &BackendError{Op: "claim", Err: err}
 }
 

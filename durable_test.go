@@ -190,7 +190,7 @@ func mustFingerprint(t *testing.T, payload any) idem.Fingerprint {
 func TestUnreachableBackend(t *testing.T) {
 	down := errors.New("connection refused")
 	b := idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: func(string) error { return down }}
-	s := durableStore(t, b, idem.Options{})
+	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond}) // Close waits that long for the claim of unknown fate
 	calls, fn := countingFn(order{})
 	_, err := s.RunOnce(context.Background(), "k", "p", fn)
 	assert.ErrorIs(t, err, down)

@@ -8,33 +8,35 @@ import (
 )
 
 // ErrLeaseLost is the cause of fn's context when the store stops trusting
-// fn's durable claim: another owner took the key, or renewals did not get
-// through before the lease was about to lapse. The outcome of such an fn is
+// fn's durable claim: another owner took the key, or no renewal got
+// through before the lease could lapse. The outcome of such an fn is
 // refused (ErrNotOwner) if another owner took the key meanwhile.
-var ErrLeaseLost = errors.New("idem: lease lost: another owner holds the key")
+var ErrLeaseLost = errors.New("idem: lease lost: the claim can no longer be trusted to hold the key")
 
 // leaseTrust is how long after a request left an owner trusts the lease it
 // asks for: the lease less a tenth, for timers that fire late, pauses, and
 // clocks that run at slightly different rates.
 func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 
-// renew keeps claim's lease alive: every third of the lease it extends it.
-// The lease is measured on this process's monotonic clock from the moment
-// each request left (sent, for the claim): the backend grants it from a
-// later instant, by whatever clock it keeps, so the owner always gives up
-// first, and skew between clocks cannot make it trust a lapsed lease.
+// renew keeps claim's lease alive: a third of the lease after each grant
+// was asked for, it asks for the next. The lease is measured on this
+// process's monotonic clock from the moment each request left (sent, for
+// the claim): the backend grants it from a later instant, by whatever clock
+// it keeps, so the owner always gives up first, and skew between clocks
+// cannot make it trust a lapsed lease.
 //
 // The returned context is cancelled with ErrLeaseLost when the claim turns
 // out to be lost, or when the trusted lease runs out without a renewal
 // getting through (a partition, a backend that does not answer), whatever
-// the renewal call is doing. stop ends the renewals and waits for none; a
-// renewal already in flight is counted in s.background, so Close waits for
-// it, and its context ends when the store closes. A fast fn costs two
-// timers and no goroutine.
+// the renewal call is doing. A renewal that fails is tried again every
+// twelfth of the lease, each call bounded so that a retry can still land
+// in time. stop ends the renewals and waits for none; a renewal already in
+// flight is counted in s.background, so Close waits for it, and its context
+// ends when the store closes. A fast fn costs two timers and no goroutine.
 func (s *Store[R]) renew(ctx context.Context, claim Record, sent time.Time) (_ context.Context, stop func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	lease := s.opts.Lease
-	every, trust := lease/3, leaseTrust(lease)
+	every, retry, trust := lease/3, lease/12, leaseTrust(lease)
 	var (
 		mu      sync.Mutex
 		stopped bool              // guarded by mu; no renewal starts once set
@@ -51,20 +53,22 @@ func (s *Store[R]) renew(ctx context.Context, claim Record, sent time.Time) (_ c
 			cancel(ErrLeaseLost)
 		}
 	})
-	renewal = time.AfterFunc(every, func() {
+	renewal = time.AfterFunc(time.Until(sent.Add(every)), func() {
 		mu.Lock()
 		if stopped {
 			mu.Unlock()
 			return
 		}
 		s.background.Add(1) // before stop can return: Close waits for this call
+		left := time.Until(until)
 		mu.Unlock()
 		defer s.background.Done()
 
 		// A renewal that lands after the outcome was recorded is refused by
 		// the backend (the record is no longer pending), which is harmless.
+		// Bounded by the trust left, or a retry's worth once it has run out.
 		sent := time.Now()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), trust)
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), max(min(every, left), retry))
 		unhook := context.AfterFunc(s.closing, rcancel)
 		err := s.opts.Backend.Renew(rctx, claim.Key, claim.Token, s.opts.Now(), lease)
 		unhook()
@@ -79,9 +83,9 @@ func (s *Store[R]) renew(ctx context.Context, claim Record, sent time.Time) (_ c
 		case err == nil:
 			until = sent.Add(trust)
 			expiry.Reset(time.Until(until))
-			renewal.Reset(every)
+			renewal.Reset(time.Until(sent.Add(every)))
 		default: // failed for now: try again soon; expiry ends the trust
-			renewal.Reset(min(every, max(time.Until(until), time.Millisecond)))
+			renewal.Reset(retry)
 		}
 	})
 	return ctx, func() {

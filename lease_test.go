@@ -237,3 +237,82 @@ func TestCloseEndsRenewalInFlight(t *testing.T) {
 	require.NoError(t, s.Close())
 	assert.Zero(t, inFlight.Load(), "a renewal still calls the backend after Close returned")
 }
+
+// A renewal call that hangs is bounded so that a retry on a fresh
+// connection still lands in time: one hung call does not cost the lease.
+func TestOneHungRenewalKeepsTheLease(t *testing.T) {
+	var first atomic.Bool
+	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(ctx context.Context) error {
+		if first.CompareAndSwap(false, true) {
+			<-ctx.Done() // the first call hangs until its own timeout
+			return ctx.Err()
+		}
+		return nil
+	}}
+	const lease = 300 * time.Millisecond
+	s := durableStore(t, b, idem.Options{Lease: lease})
+	var cause error
+	_, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * lease):
+		}
+		cause = context.Cause(ctx)
+		return order{5, 5}, nil
+	})
+	require.NoError(t, err)
+	assert.NoError(t, cause, "a retried renewal should have kept the lease")
+}
+
+// A claim reply that arrives late, but while its lease is still trusted,
+// is renewed from when the claim was sent: fn keeps its lease.
+func TestLateClaimReplyIsRenewedInTime(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	const lease = 300 * time.Millisecond
+	var renewals atomic.Int32
+	b := hooked{Backend: mem,
+		claim: func(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+			got, won, err := mem.Claim(ctx, rec, now, lease)
+			time.Sleep(lease * 6 / 10) // a slow reply, not ordering
+			return got, won, err
+		},
+		renew: func(context.Context) error { renewals.Add(1); return nil },
+	}
+	s := durableStore(t, b, idem.Options{Lease: lease})
+	var cause error
+	_, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(lease):
+		}
+		cause = context.Cause(ctx)
+		return order{6, 6}, nil
+	})
+	require.NoError(t, err)
+	assert.NoError(t, cause, "the lease was given up although renewals would have held it")
+	assert.NotZero(t, renewals.Load())
+}
+
+// Once the lease is no longer trusted, failing renewals are retried at a
+// bounded rate, not in a tight loop.
+func TestFailingRenewalsAreRateLimited(t *testing.T) {
+	var calls atomic.Int32
+	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
+		calls.Add(1)
+		return errors.New("connection refused")
+	}}
+	const lease = 120 * time.Millisecond
+	s := durableStore(t, b, idem.Options{Lease: lease})
+	var during int32
+	_, _ = s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * lease):
+		}
+		before := calls.Load()
+		time.Sleep(6 * lease) // fn goes on past its trust, as fns may
+		during = calls.Load() - before
+		return order{}, errors.New("gave up")
+	})
+	assert.LessOrEqual(t, during, int32(6*12+2), "renewals retried faster than a twelfth of the lease")
+}

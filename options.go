@@ -12,7 +12,8 @@ type Options struct {
 	// TTL is how long a final outcome is remembered and replayed. After it,
 	// the key may be used afresh. Choose it from the longest window in which
 	// a retry can arrive, not from storage cost. Zero or negative means 24
-	// hours.
+	// hours; more than a century (math.MaxInt64 for "for ever") means a
+	// century, which every backend can store.
 	TTL time.Duration
 
 	// SweepInterval is how often a background goroutine removes expired
@@ -63,7 +64,8 @@ type Options struct {
 	// measures the lease on its own monotonic clock from when each request
 	// left and stops trusting it a tenth of the lease early: fn's context
 	// is then cancelled (ErrLeaseLost), and its outcome is refused if
-	// another owner took the key. Zero means 30 seconds.
+	// another owner took the key. Zero means 30 seconds; more than a
+	// century means a century.
 	Lease time.Duration
 
 	// SettleTimeout bounds how long the store keeps trying to settle a
@@ -91,6 +93,10 @@ const (
 	defaultSweepInterval = time.Minute
 	defaultLease         = 30 * time.Second
 	defaultSettleTimeout = 10 * time.Second
+
+	// longest bounds TTL and Lease: instants a century ahead still fit in
+	// every backend's representation (Unix nanoseconds end in 2262).
+	longest = 100 * 365 * 24 * time.Hour
 )
 
 // withDefaults returns o with every zero field replaced by its default.
@@ -98,6 +104,7 @@ func (o Options) withDefaults() Options {
 	if o.TTL <= 0 {
 		o.TTL = defaultTTL
 	}
+	o.TTL = min(o.TTL, longest)
 	if o.SweepInterval == 0 {
 		o.SweepInterval = min(defaultSweepInterval, o.TTL)
 	}
@@ -116,6 +123,7 @@ func (o Options) withDefaults() Options {
 	if o.Lease <= 0 {
 		o.Lease = defaultLease
 	}
+	o.Lease = min(o.Lease, longest)
 	if o.SettleTimeout <= 0 {
 		o.SettleTimeout = defaultSettleTimeout
 	}

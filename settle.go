@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 )
 
@@ -97,7 +98,7 @@ func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error
 func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error {
 	err := s.release(ctx, key, token)
 	if err != nil && !errors.Is(err, ErrNotOwner) {
-		s.releaseLater(key, token, time.Now())
+		s.releaseLater(key, token)
 	}
 	return err
 }
@@ -105,30 +106,113 @@ func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error 
 // releaseLater releases, in the background, a claim whose fate is unknown:
 // it may have landed, or may yet land (a request delayed on a connection
 // given up on), and it must not hold its key until its lease lapses and
-// leaves it interrupted. It releases the claim once the backend answers,
-// and watches for it to show up for a lease and a settle timeout after
-// sent. It gives up when the store closes.
-func (s *Store[R]) releaseLater(key, token string, sent time.Time) {
-	watch := sent.Add(s.opts.Lease + s.settleTimeout())
+// leaves it interrupted. The claim is released once the backend answers,
+// and watched for a lease and a settle timeout from now, in case it shows
+// up late.
+func (s *Store[R]) releaseLater(key, token string) {
+	s.releases.add(s, key, token, time.Now().Add(s.opts.Lease+s.settleTimeout()))
+}
+
+// A releaser releases claims of unknown fate from one goroutine of the
+// store's, which runs while it has any: however many claims fail during an
+// outage, the store holds one goroutine for them and, once the backend is
+// back, sends it their releases one at a time.
+type releaser struct {
+	mu      sync.Mutex
+	pending map[unknownClaim]time.Time // guarded by mu: each claim and the end of its watch
+	running bool                       // guarded by mu: the goroutine runs
+	idle    chan struct{}              // guarded by mu: closed when the goroutine exits
+}
+
+type unknownClaim struct{ key, token string }
+
+func (r *releaser) add(s releaseRunner, key, token string, watch time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pending == nil {
+		r.pending = make(map[unknownClaim]time.Time)
+	}
+	r.pending[unknownClaim{key, token}] = watch
+	if !r.running {
+		r.running, r.idle = true, make(chan struct{})
+		s.startBackground(func() { r.run(s) })
+	}
+}
+
+// done returns a channel closed once no release is pending (nil if none is).
+func (r *releaser) done() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.running {
+		return nil
+	}
+	return r.idle
+}
+
+// releaseRunner is what a releaser needs of its Store.
+type releaseRunner interface {
+	startBackground(func())
+	tryRelease(key, token string) error
+	closingDone() <-chan struct{}
+}
+
+// run tries every pending release, in rounds with a backoff between them,
+// until none is left or the store has closed.
+func (r *releaser) run(s releaseRunner) {
+	wait := settleMin
+	for {
+		r.mu.Lock()
+		claims := make([]unknownClaim, 0, len(r.pending))
+		for c := range r.pending {
+			claims = append(claims, c)
+		}
+		r.mu.Unlock()
+		for _, c := range claims {
+			err := s.tryRelease(c.key, c.token)
+			r.mu.Lock()
+			switch {
+			case err == nil, errors.Is(err, ErrClosed):
+				delete(r.pending, c)
+			case errors.Is(err, ErrNotOwner) && time.Now().After(r.pending[c]):
+				delete(r.pending, c) // it never landed, or was settled otherwise
+			}
+			r.mu.Unlock()
+		}
+		r.mu.Lock()
+		if len(r.pending) == 0 {
+			r.running = false
+			close(r.idle)
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		select {
+		case <-s.closingDone():
+			r.mu.Lock()
+			r.running = false
+			close(r.idle)
+			r.mu.Unlock()
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, settleMax)
+	}
+}
+
+func (s *Store[R]) startBackground(fn func()) {
 	s.background.Add(1)
 	go func() {
 		defer s.background.Done()
-		ctx := s.closing
-		wait := settleMin
-		for {
-			err := s.opts.Backend.Release(ctx, key, token)
-			switch {
-			case err == nil, errors.Is(err, ErrClosed):
-				return
-			case errors.Is(err, ErrNotOwner) && time.Now().After(watch):
-				return // it never landed, or it was settled otherwise
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, settleMax)
-		}
+		fn()
 	}()
 }
+
+// tryRelease makes one attempt at a release, bounded so that one call that
+// hangs cannot hold the others up for long.
+func (s *Store[R]) tryRelease(key, token string) error {
+	ctx, cancel := context.WithTimeout(s.closing, settleMax)
+	defer cancel()
+	return s.opts.Backend.Release(ctx, key, token)
+}
+
+func (s *Store[R]) closingDone() <-chan struct{} { return s.closing.Done() }

@@ -3,6 +3,8 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -164,4 +166,63 @@ func (r retryingClient) Claim(ctx context.Context, rec idem.Record, now time.Tim
 		return idem.Record{}, false, err
 	}
 	return r.Backend.Claim(ctx, rec, now, lease)
+}
+
+// However many claims fail during an outage, the store holds one goroutine
+// for their releases.
+func TestFailedClaimsShareOneReleaser(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	var down atomic.Bool
+	down.Store(true)
+	b := idemtest.Faulty{Backend: mem, Fail: func(string) error {
+		if down.Load() {
+			return errLost
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond, Lease: time.Second})
+	before := runtime.NumGoroutine()
+	for i := range 500 {
+		_, err := s.RunOnce(context.Background(), fmt.Sprint("k", i), "p", func(context.Context) (order, error) { return order{}, nil })
+		require.Error(t, err)
+	}
+	assert.LessOrEqual(t, runtime.NumGoroutine()-before, 3, "a goroutine per failed claim")
+	down.Store(false)
+}
+
+// Close gives claims of unknown fate time to be released: a store closed
+// during a backend blip leaves no key interrupted.
+func TestCloseReleasesUnknownClaims(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	var down atomic.Bool
+	b := idemtest.Faulty{Backend: mem,
+		Lose: func(op string) error {
+			if op == "Claim" {
+				down.Store(true) // the claim lands, its reply is lost, the backend goes
+				return errLost
+			}
+			return nil
+		},
+		Fail: func(op string) error {
+			if down.Load() && op != "Claim" {
+				return errLost
+			}
+			return nil
+		},
+	}
+	s := idem.New[order](idem.Options{Backend: b, SettleTimeout: 5 * time.Second})
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{}, nil })
+	require.Error(t, err)
+	closed := make(chan struct{})
+	go func() { _ = s.Close(); close(closed) }()
+	time.Sleep(100 * time.Millisecond) // the outage goes on as Close begins
+	down.Store(false)                  // and ends while the store closes
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	_, ok, err := mem.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	assert.False(t, ok, "the claim of unknown fate was left to strand its key")
 }

@@ -29,6 +29,7 @@ type Store[R any] struct {
 	stopping, closing       context.Context
 	endStopping, endClosing context.CancelFunc
 	background              sync.WaitGroup
+	releases                releaser // claims of unknown fate, released in the background
 }
 
 // testHookWait, if set, runs each time a caller starts waiting for an
@@ -294,7 +295,11 @@ func (s *Store[R]) Len() int { return s.table.len() }
 
 // Close stops the sweeper, refuses later calls with ErrClosed, and waits for
 // executions in flight to finish and be recorded; Options.ExecutionTimeout
-// bounds that wait for an fn that honours its context. Close does not close
+// bounds that wait for an fn that honours its context. Claims whose fate
+// the store could not learn (a lost reply while the backend was failing)
+// then get up to Options.SettleTimeout more to be released, so that they do
+// not leave their keys interrupted; one still unknown after that is left to
+// its lease. Close does not close
 // Options.Backend, which the caller opened. Callers waiting on
 // those executions still get their outcomes. Close is idempotent: later calls
 // return nil at once, or once the first has finished. Calling Close from
@@ -309,6 +314,16 @@ func (s *Store[R]) Close() error {
 			<-s.swept
 		}
 		s.table.running.Wait()
+		// Claims of unknown fate get a settle timeout to be released, so
+		// that closing a store during a backend blip strands no key.
+		if idle := s.releases.done(); idle != nil {
+			grace := time.NewTimer(s.settleTimeout())
+			select {
+			case <-idle:
+			case <-grace.C:
+			}
+			grace.Stop()
+		}
 		s.endClosing()
 		s.background.Wait()
 	})

@@ -38,6 +38,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 		{"ReleaseChecksToken", testReleaseChecksToken},
 		{"RenewChecksToken", testRenewChecksToken},
 		{"LapsedLeaseIsInterrupted", testLapsedLeaseIsInterrupted},
+		{"CenturyLongDurations", testCenturyLongDurations},
 		{"InterruptedCanBeSettled", testInterruptedCanBeSettled},
 		{"CompletedRecordExpires", testCompletedRecordExpires},
 		{"ExpiredTakeoverHasOneWinner", testExpiredTakeoverHasOneWinner},

@@ -181,3 +181,24 @@ func testGetAndForget(t *testing.T, b idem.Backend) {
 	_, ok = get(t, b, "busy")
 	assert.True(t, ok)
 }
+
+// century is the longest lease or TTL a Store sends.
+const century = 100 * 365 * 24 * time.Hour
+
+// A century-long lease and TTL, what a Store sends for "for ever", must
+// not overflow into the past.
+func testCenturyLongDurations(t *testing.T, b idem.Backend) {
+	ctx := context.Background()
+	claim := claimKey(t, b, "k", century)
+	rec, _ := get(t, b, "k")
+	assert.Equal(t, idem.StatePending, rec.State, "a century-long lease lapsed at once")
+	require.NoError(t, b.Renew(ctx, "k", claim.Token, time.Now(), century))
+	require.NoError(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), century))
+	got, won, err := b.Claim(ctx, request("k"), time.Now(), lease)
+	require.NoError(t, err)
+	assert.False(t, won, "a century-long TTL expired at once")
+	assertOutcome(t, claim, "v", got)
+	n, err := b.Sweep(ctx, time.Now(), 100)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}

@@ -114,7 +114,7 @@ CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE sta
 
 // queries are the statements, written once for the table's name.
 type queries struct {
-	claim, takeOver, complete, release, renew, get, forget, exists, sweep, all string
+	claim, takeOver, complete, completeTx, release, renew, get, forget, exists, sweep, all string
 }
 
 const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg`
@@ -165,6 +165,12 @@ RETURNING true, false, ` + columns,
 		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + $3::bigint * interval '1 microsecond', lease_until = NULL,
     value = $4, failed = $5, err_msg = $6
 WHERE key = $1 AND token = $2 AND state <> 2`,
+		// Inside RunOnceTx: the transaction's id comes back, to ask about
+		// its COMMIT if the reply to that is lost.
+		completeTx: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + $3::bigint * interval '1 microsecond', lease_until = NULL,
+    value = $4, failed = $5, err_msg = $6
+WHERE key = $1 AND token = $2 AND state <> 2
+RETURNING txid_current()`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state <> 2`,
 		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + $3::bigint * interval '1 microsecond'
 WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `)`,
@@ -187,7 +193,11 @@ func micros(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Microsecond - 1) / time.Microsecond)
+	n := int64(d / time.Microsecond)
+	if d%time.Microsecond != 0 {
+		n++
+	}
+	return n
 }
 
 // Claim claims rec.Key, judging leases and expiry by the server's clock;

@@ -25,7 +25,7 @@ func TestUnreachableDatabase(t *testing.T) {
 
 	b, err := New(ctx, pool, Options{NoMigrate: true})
 	require.NoError(t, err)
-	s := idem.New[int](idem.Options{Backend: b})
+	s := idem.New[int](idem.Options{Backend: b, SettleTimeout: 50 * time.Millisecond}) // Close waits that long for the claim of unknown fate
 	defer s.Close()
 	var runs atomic.Int32
 	_, err = s.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { runs.Add(1); return 1, nil })

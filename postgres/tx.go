@@ -133,23 +133,41 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 	if eerr := store.Encode(&done, val, err); eerr != nil {
 		return val, errors.Join(err, eerr)
 	}
-	if _, cerr := tx.Exec(ctx, b.q.complete, done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, done.ErrMsg); cerr != nil {
+	var xid int64
+	if cerr := tx.QueryRow(ctx, b.q.completeTx, done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, done.ErrMsg).Scan(&xid); cerr != nil {
 		return val, errors.Join(err, cerr)
 	}
-	if cerr := tx.Commit(ctx); cerr != nil && !committed(ctx, b, opts, done) {
+	if cerr := tx.Commit(ctx); cerr != nil && !committed(ctx, b, opts, xid, done) {
 		return val, errors.Join(err, fmt.Errorf("postgres: committing: %w", cerr))
 	}
 	return val, err
 }
 
-// committed reports whether done, the outcome of a transaction whose COMMIT
-// failed, is in the table after all: the reply to a COMMIT that took effect
-// can be lost. The claim's token, unique to the transaction, tells.
-func committed(ctx context.Context, b *Backend, opts idem.Options, done idem.Record) bool {
+// committed reports whether transaction xid, whose COMMIT failed, took
+// effect after all: the reply to a COMMIT can be lost. The server knows:
+// txid_status says committed, aborted, or in progress (a COMMIT still being
+// applied, asked about again until Options.SettleTimeout). When it no
+// longer knows (the id is too old), the claim's token, unique to the
+// transaction, tells whether its outcome is in the table.
+func committed(ctx context.Context, b *Backend, opts idem.Options, xid int64, done idem.Record) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
 	defer cancel()
-	rec, ok, err := b.Get(ctx, done.Key, time.Time{})
-	return err == nil && ok && rec.Token == done.Token && rec.State == idem.StateCompleted
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var status *string
+		err := b.pool.QueryRow(ctx, `SELECT txid_status($1)`, xid).Scan(&status)
+		switch {
+		case err == nil && status == nil:
+			rec, ok, err := b.Get(ctx, done.Key, time.Time{})
+			return err == nil && ok && rec.Token == done.Token && rec.State == idem.StateCompleted
+		case err == nil && *status != "in progress":
+			return *status == "committed"
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
 }
 
 // txToken returns a token unique to one transaction's claim.

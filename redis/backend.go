@@ -135,7 +135,11 @@ func millis(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	n := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		n++
+	}
+	return n
 }
 
 // fromMillis is the instant ms milliseconds after 1970, or the zero Time for

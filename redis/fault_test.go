@@ -16,7 +16,7 @@ import (
 func TestUnreachableRedis(t *testing.T) {
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:1"}, MaxRetries: -1})
 	defer rdb.Close()
-	s := idem.New[int](idem.Options{Backend: New(rdb, Options{})})
+	s := idem.New[int](idem.Options{Backend: New(rdb, Options{}), SettleTimeout: 50 * time.Millisecond})
 	defer s.Close()
 	var runs atomic.Int32
 	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { runs.Add(1); return 1, nil })

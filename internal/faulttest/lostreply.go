@@ -103,7 +103,7 @@ func LostReplies(t *testing.T, newTarget func(t *testing.T) Target) {
 }
 
 func store(t *testing.T, tg Target) *idem.Store[int] {
-	s := idem.New[int](idem.Options{Backend: tg.Backend, Lease: 10 * time.Second})
+	s := idem.New[int](idem.Options{Backend: tg.Backend, Lease: 10 * time.Second, SettleTimeout: 2 * time.Second})
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }

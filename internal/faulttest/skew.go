@@ -3,6 +3,7 @@ package faulttest
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -111,6 +112,19 @@ func SkewedStores(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 		close(release)
 		<-done
 		require.NoError(t, fast.Forget(context.Background(), "live"), "a settled key can be forgotten")
+	})
+
+	t.Run("ForeverTTLAndLease", func(t *testing.T) {
+		// math.MaxInt64, a common "for ever", must not wrap into the past.
+		b := newBackend(t)
+		stores := skewedStores(t, b, idem.Options{TTL: math.MaxInt64, Lease: math.MaxInt64})
+		var runs atomic.Int32
+		for _, s := range stores {
+			v, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { runs.Add(1); return 9, nil })
+			require.NoError(t, err)
+			assert.Equal(t, 9, v)
+		}
+		assert.Equal(t, int32(1), runs.Load(), "an outcome kept for ever expired at once")
 	})
 
 	t.Run("OneExecutionPerKey", func(t *testing.T) {

@@ -175,6 +175,14 @@ func killLoop(t *testing.T, kind, name string, kills int) {
 		kind, c.kills, c.keys, killLoopWindow, c.effects, c.successes, c.successKeys, c.unknown, c.inProgress, c.otherErrors, c.replayed, c.interrupted, fnRuns, c.violations)
 	t.Log(line)
 	fmt.Println(line)
+	// go test shows a passing test's output only with -v: CI names a file
+	// that collects the counts, and prints it.
+	if report := os.Getenv("IDEM_KILLLOOP_REPORT"); report != "" {
+		f, err := os.OpenFile(report, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		require.NoError(t, err)
+		_, err = fmt.Fprintln(f, line)
+		require.NoError(t, errors.Join(err, f.Close()))
+	}
 	for i, v := range violations {
 		if i == 20 {
 			t.Errorf("%s: and %d more violations", kind, len(violations)-i)

@@ -325,7 +325,7 @@ func TestFailingBackend(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("FailOpen=%v", failOpen), func(t *testing.T) {
 			h := &charges{}
-			store := newStore(t, idem.Options{Backend: faulty})
+			store := newStore(t, idem.Options{Backend: faulty, SettleTimeout: 50 * time.Millisecond}) // Close waits that long for the claim of unknown fate
 			srv := httptest.NewServer(idemhttp.Middleware(store, idemhttp.Options{FailOpen: failOpen})(h))
 			defer srv.Close()
 			resp, body := post(t, srv.Client(), srv.URL, "k", "{}")

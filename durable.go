@@ -12,9 +12,10 @@ import (
 // executeDurable claims key in the Backend and runs fn, or answers from the
 // record it finds there. It runs once per key per process at a time: the
 // memory table has already made this caller the key's only owner here. pin
-// reports an outcome that the backend could not settle (record or release),
-// so that its record stays pending: memory must hold the outcome for as long
-// as the store lives, or this process would find the key pending forever.
+// reports a final outcome that the backend could not record, so that its
+// record stays pending: memory must hold the outcome for as long as the
+// store lives, or this process would find the key pending forever. (A
+// release that cannot get through is finished in the background instead.)
 func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprint, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
 	b := s.opts.Backend
 	retried := false

@@ -61,8 +61,8 @@ func (s *Store[R]) release(ctx context.Context, key, token string) error {
 // settle runs write until it succeeds or check, given the key's record as
 // read back after a failed try, says the write is settled (with the error
 // it returns). When Options.SettleTimeout runs out it returns the last
-// error. ctx bounds each call but not the whole, which ctx never ends
-// sooner than the timeout: the callers pass a context without cancellation.
+// error. The callers pass a context without cancellation, so only that
+// timeout ends the whole.
 func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error, check func(Record, bool) (bool, error), key string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.settleTimeout())
 	defer cancel()

@@ -72,7 +72,11 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 // soon as it shows up, rather than left to strand the key.
 func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool, error) {
 	b := s.opts.Backend
-	rec, claimed, err := b.Claim(ctx, claim, s.opts.Now(), s.opts.Lease)
+	// A claim against a backend that never answers must not hold Close up.
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.stopping, cancel)()
+	rec, claimed, err := b.Claim(cctx, claim, s.opts.Now(), s.opts.Lease)
 	if err == nil {
 		return rec, claimed || rec.Token == claim.Token, nil
 	}

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync"
@@ -237,11 +238,22 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	if err := CheckKey(key); err != nil {
 		return err
 	}
-	// The backend first: it refuses a record still pending, in flight here
-	// or left unsettled, and memory then keeps what it holds for that key.
+	// Local state first: a closed store, or a key in flight here (whose
+	// lease the backend may judge lapsed while fn still runs), must not
+	// reach the backend. Then the backend, which refuses a record pending
+	// under a live lease elsewhere; memory then drops what it holds.
+	switch {
+	case s.closed.Load():
+		return ErrClosed
+	case s.table.inFlight(key):
+		return fmt.Errorf("%w: key %q is in flight in this store", ErrInProgress, key)
+	}
 	if b := s.opts.Backend; b != nil {
-		if err := b.Forget(ctx, key, s.opts.Now()); err != nil {
-			return fmt.Errorf("idem: forgetting key in backend: %w", err)
+		switch err := b.Forget(ctx, key, s.opts.Now()); {
+		case errors.Is(err, ErrInProgress):
+			return err
+		case err != nil:
+			return &BackendError{Op: "forget", Err: err}
 		}
 	}
 	return s.table.forget(key)
@@ -281,7 +293,7 @@ func (s *Store[R]) sweep(ctx context.Context, stop func() error) (int, error) {
 		m, err := s.opts.Backend.Sweep(ctx, now, backendSweepBatch)
 		n += m
 		if err != nil {
-			return n, fmt.Errorf("idem: sweeping backend: %w", err)
+			return n, &BackendError{Op: "sweep", Err: err}
 		}
 		if m < backendSweepBatch {
 			return n, nil

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"context"
 	"errors"
 	"runtime/debug"
 	"time"
@@ -35,7 +34,8 @@ func (s *Store[R]) sweepOnce() {
 				"panic", v, "stack", string(debug.Stack()))
 		}
 	}()
-	if _, err := s.sweep(context.Background(), s.stopped); err != nil && err != errStopped {
+	// s.stopping ends a backend sweep that blocks, so it cannot hold Close up.
+	if _, err := s.sweep(s.stopping, s.stopped); err != nil && err != errStopped && s.stopping.Err() == nil {
 		s.opts.Logger.Error("idem: sweep failed; sweeping goes on at the next interval", "err", err)
 	}
 }

@@ -167,6 +167,15 @@ func (t *table[R]) release(e *entry[R]) {
 	t.running.Done()
 }
 
+// inFlight reports whether key has an execution in flight in this table.
+func (t *table[R]) inFlight(key string) bool {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.entries[key]
+	return e != nil && !e.completed
+}
+
 // forget removes key's completed entry. A key in flight is refused with
 // ErrInProgress; an absent key is not an error.
 func (t *table[R]) forget(key string) error {

@@ -1,0 +1,124 @@
+package idem_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// blocking is a Backend whose Sweep and Claim block until their context
+// ends, announcing each call on entered: a database that never answers.
+type blocking struct {
+	idem.Backend
+	entered chan string
+}
+
+func (b blocking) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	b.entered <- "Sweep"
+	<-ctx.Done()
+	return 0, ctx.Err()
+}
+
+func (b blocking) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+	b.entered <- "Claim"
+	<-ctx.Done()
+	return idem.Record{}, false, ctx.Err()
+}
+
+// closeWithin fails the test if Close does not return within d.
+func closeWithin(t *testing.T, s *idem.Store[order], d time.Duration) {
+	t.Helper()
+	closed := make(chan struct{})
+	go func() { _ = s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(d):
+		t.Fatal("Close waited on a backend that never answers")
+	}
+}
+
+// The background sweeper's call into a backend that never answers ends
+// when Close begins.
+func TestCloseEndsABlockedSweep(t *testing.T) {
+	b := blocking{Backend: idemtest.NewMemoryBackend(), entered: make(chan string, 1)}
+	s := idem.New[order](idem.Options{Backend: b, SweepInterval: time.Millisecond})
+	require.Equal(t, "Sweep", <-b.entered)
+	closeWithin(t, s, 10*time.Second)
+}
+
+// A claim against a backend that never answers ends when Close begins; its
+// caller hears a BackendError.
+func TestCloseEndsAHungClaim(t *testing.T) {
+	b := blocking{Backend: idemtest.NewMemoryBackend(), entered: make(chan string, 1)}
+	s := idem.New[order](idem.Options{Backend: b, SweepInterval: -1, SettleTimeout: 50 * time.Millisecond})
+	result := make(chan error, 1)
+	go func() {
+		_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{}, nil })
+		result <- err
+	}()
+	require.Equal(t, "Claim", <-b.entered)
+	closeWithin(t, s, 10*time.Second)
+	var be *idem.BackendError
+	assert.ErrorAs(t, <-result, &be)
+}
+
+// Forget after Close touches nothing.
+func TestForgetAfterCloseKeepsTheRecord(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	s := idem.New[order](idem.Options{Backend: mem})
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{1, 1}, nil })
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	assert.ErrorIs(t, s.Forget(context.Background(), "k"), idem.ErrClosed)
+	_, ok, err := mem.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	assert.True(t, ok, "a closed store's Forget deleted the record")
+}
+
+// A key in flight in this store is not forgotten, even once its lease has
+// lapsed by the backend's clock: fn runs once.
+func TestForgetRefusesAKeyInFlightHere(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	s := durableStore(t, mem, idem.Options{Now: clock.Now, Lease: time.Hour})
+	inFn, release := make(chan struct{}), make(chan struct{})
+	calls, fn := countingFn(order{2, 2})
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+			close(inFn)
+			<-release
+			return fn(ctx)
+		})
+		done <- err
+	}()
+	<-inFn
+	clock.Advance(2 * time.Hour) // the memory backend now sees the lease lapsed
+	assert.ErrorIs(t, s.Forget(context.Background(), "k"), idem.ErrInProgress)
+	close(release)
+	require.NoError(t, <-done)
+	v, err := s.RunOnce(context.Background(), "k", "p", fn)
+	require.NoError(t, err)
+	assert.Equal(t, order{2, 2}, v)
+	assert.Equal(t, int32(1), calls.Load(), "Forget of a key in flight let fn run twice")
+}
+
+// Forget and Sweep failures are BackendErrors that keep their cause.
+func TestForgetAndSweepFailuresAreBackendErrors(t *testing.T) {
+	b := idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: func(string) error { return errLost }}
+	s := durableStore(t, b, idem.Options{SweepInterval: -1, SettleTimeout: 50 * time.Millisecond})
+	var be *idem.BackendError
+	err := s.Forget(context.Background(), "k")
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, "forget", be.Op)
+	assert.ErrorIs(t, err, errLost)
+	_, err = s.Sweep(context.Background())
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, "sweep", be.Op)
+	assert.ErrorIs(t, err, errLost)
+}

@@ -2,10 +2,13 @@ package idem_test
 
 import (
 	"context"
+	"math"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -121,4 +124,52 @@ func TestForgetAndSweepFailuresAreBackendErrors(t *testing.T) {
 	require.ErrorAs(t, err, &be)
 	assert.Equal(t, "sweep", be.Op)
 	assert.ErrorIs(t, err, errLost)
+}
+
+// With a Backend, MaxKeys counts the keys held in memory: a full store still
+// replays the outcomes the backend remembers, and refuses only new keys.
+func TestFullStoreReplaysFromTheBackend(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	s := durableStore(t, mem, idem.Options{MaxKeys: 1})
+	calls, fn := countingFn(order{3, 3})
+	_, err := s.RunOnce(context.Background(), "done", "p", fn)
+	require.NoError(t, err)
+
+	inFn, release := make(chan struct{}), make(chan struct{})
+	busy := make(chan error, 1)
+	go func() { // holds the only room in memory
+		_, err := s.RunOnce(context.Background(), "busy", "p", func(context.Context) (order, error) {
+			close(inFn)
+			<-release
+			return order{}, nil
+		})
+		busy <- err
+	}()
+	<-inFn
+	v, err := s.RunOnce(context.Background(), "done", "p", fn)
+	require.NoError(t, err, "a full store refused to replay a remembered outcome")
+	assert.Equal(t, order{3, 3}, v)
+	_, err = s.RunOnce(context.Background(), "done", "another payload", fn)
+	assert.ErrorIs(t, err, idem.ErrPayloadMismatch)
+	_, err = s.RunOnce(context.Background(), "new", "p", fn)
+	assert.ErrorIs(t, err, idem.ErrFull, "a new key needs room")
+	close(release)
+	require.NoError(t, <-busy)
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// A TTL past the year 2262 (math.MaxInt64, "for ever") does not overflow
+// bolt's time encoding: the outcome is kept, and fn runs once.
+func TestForeverTTLOnBolt(t *testing.T) {
+	b, err := bolt.Open(filepath.Join(t.TempDir(), "idem.db"), nil)
+	require.NoError(t, err)
+	defer b.Close()
+	s := durableStore(t, b, idem.Options{TTL: math.MaxInt64})
+	calls, fn := countingFn(order{4, 4})
+	for range 2 {
+		v, err := s.RunOnce(context.Background(), "k", "p", fn)
+		require.NoError(t, err)
+		assert.Equal(t, order{4, 4}, v)
+	}
+	assert.Equal(t, int32(1), calls.Load(), "an outcome kept for ever expired at once")
 }

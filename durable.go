@@ -93,6 +93,24 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool
 	return Record{}, false, &BackendError{Op: "claim", Err: err}
 }
 
+// replayWhenFull answers a call that found memory full (MaxKeys counts the
+// keys held in memory: those in flight, and outcomes pinned there): a key
+// whose outcome the backend remembers needs no room to be replayed. Any
+// other key is refused with ErrFull.
+func (s *Store[R]) replayWhenFull(ctx context.Context, key string, fp Fingerprint) (R, error) {
+	var zero R
+	rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
+	switch {
+	case err != nil:
+		return zero, &BackendError{Op: "get", Err: err}
+	case ok && rec.Fingerprint != fp:
+		return zero, ErrPayloadMismatch
+	case ok && rec.State == StateCompleted:
+		return s.decode(rec)
+	}
+	return zero, ErrFull
+}
+
 // Polling bounds for a key in flight elsewhere: the first wait, and the most
 // any wait grows to.
 const (

@@ -115,6 +115,9 @@ func (s *Store[R]) run(ctx context.Context, key string, payload any, fn func(con
 	// itself and pays for neither a goroutine nor a channel.
 	canLeave := ctx.Done() != nil
 	e, kind, err := s.claim(key, fp, canLeave)
+	if err == ErrFull && s.opts.Backend != nil {
+		return s.replayWhenFull(ctx, key, fp)
+	}
 	if err != nil {
 		return zero, err
 	}

@@ -60,44 +60,12 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 	// commits with its outcome or not at all.
 	claim := idem.Record{Key: key, Fingerprint: fp, Token: txToken(), State: idem.StatePending}
 	args := []any{key, fp[:], claim.Token, 0}
-	rows, err := tx.Query(ctx, b.q.claim, args...)
-	if err != nil {
-		return zero, &idem.BackendError{Op: "claim", Err: err}
-	}
-	var won, expired bool
-	rec, found, err := scanOne(rows, &won, &expired)
+	rec, won, err := claimTx(ctx, tx, b, key, args)
 	switch {
 	case err != nil:
 		return zero, &idem.BackendError{Op: "claim", Err: err}
-	case !found:
-		// A duplicate committed after this statement's snapshot: its row is
-		// there to read now.
-		if rows, err = tx.Query(ctx, b.q.get, key); err == nil {
-			rec, found, err = scanOne(rows)
-		}
-		if err != nil || !found {
-			return zero, &idem.BackendError{Op: "claim", Err: fmt.Errorf("key %q: no record after a conflict: %v", key, err)}
-		}
 	case won:
 		return runTx(ctx, store, b, tx, claim, fn)
-	case expired:
-		if rows, err = tx.Query(ctx, b.q.takeOver, args...); err == nil {
-			won, err = tookOver(rows)
-		}
-		if err != nil {
-			return zero, &idem.BackendError{Op: "claim", Err: err}
-		}
-		if won {
-			return runTx(ctx, store, b, tx, claim, fn)
-		}
-		// Another transaction took it over first and has committed: read
-		// what it left.
-		if rows, err = tx.Query(ctx, b.q.get, key); err == nil {
-			rec, found, err = scanOne(rows)
-		}
-		if err != nil || !found {
-			return zero, &idem.BackendError{Op: "claim", Err: fmt.Errorf("key %q: no record after a takeover: %v", key, err)}
-		}
 	}
 	switch {
 	case rec.Fingerprint != fp:
@@ -108,6 +76,51 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress)
 	}
 	return zero, idem.ErrOutcomeUnknown
+}
+
+// testHookBeforeTakeover, if set, runs between finding an expired record and
+// taking it over. Tests use it to sweep the record away in between.
+var testHookBeforeTakeover func()
+
+// claimTx claims key inside tx, or returns the record that stands. Each
+// statement sees the rows committed before it: a row that a concurrent
+// transaction committed, took over or deleted (a sweep, a Forget) between
+// two statements is met by trying again, as Backend.Claim does.
+func claimTx(ctx context.Context, tx pgx.Tx, b *Backend, key string, args []any) (idem.Record, bool, error) {
+	for range 8 {
+		rows, err := tx.Query(ctx, b.q.claim, args...)
+		if err != nil {
+			return idem.Record{}, false, err
+		}
+		var won, expired bool
+		rec, found, err := scanOne(rows, &won, &expired)
+		switch {
+		case err != nil:
+			return idem.Record{}, false, err
+		case found && (won || !expired):
+			return rec, won, nil
+		case found: // expired: take it over, unless another claim did first
+			if testHookBeforeTakeover != nil {
+				testHookBeforeTakeover()
+			}
+			if rows, err = tx.Query(ctx, b.q.takeOver, args...); err != nil {
+				return idem.Record{}, false, err
+			}
+			if rec, found, err = scanOne(rows, &won, &expired); err != nil || found {
+				return rec, found && won, err
+			}
+		}
+		// A conflicting row was committed after the statement's snapshot,
+		// or the expired row went before the takeover reached it: read
+		// what stands now, and claim again if nothing does.
+		if rows, err = tx.Query(ctx, b.q.get, key); err != nil {
+			return idem.Record{}, false, err
+		}
+		if rec, found, err = scanOne(rows); err != nil || found {
+			return rec, false, err
+		}
+	}
+	return idem.Record{}, false, fmt.Errorf("key %q: claimed and released under this transaction 8 times in a row", key)
 }
 
 // runTx runs fn in a savepoint of tx, which holds the new claim, and commits

@@ -125,3 +125,29 @@ func TestRunOnceTx(t *testing.T) {
 		assert.Equal(t, before+1, count(t, pool, "SELECT count(*) FROM "+charges), fmt.Sprint("one charge for ", len(ids), " calls"))
 	})
 }
+
+// A sweep that removes an expired record between RunOnceTx finding it and
+// taking it over does not fail the call: it claims again, as Claim does.
+func TestRunOnceTxSweptDuringTakeover(t *testing.T) {
+	pool := testPool(t)
+	b, table := testBackend(t, pool)
+	s := idem.New[int](idem.Options{Backend: b, TTL: time.Millisecond, SweepInterval: -1})
+	defer s.Close()
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 1, nil })
+	require.NoError(t, err)
+	for deadline := time.Now().Add(10 * time.Second); ; { // until it expires by the server's clock
+		if _, ok, err := b.Get(context.Background(), "k", time.Time{}); err == nil && !ok {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the record never expired")
+		time.Sleep(5 * time.Millisecond)
+	}
+	testHookBeforeTakeover = func() {
+		_, err := pool.Exec(context.Background(), "DELETE FROM "+pgx.Identifier{table}.Sanitize()+" WHERE key = 'k'")
+		require.NoError(t, err)
+	}
+	defer func() { testHookBeforeTakeover = nil }()
+	v, err := RunOnceTx(context.Background(), s, "k", "p", func(context.Context, pgx.Tx) (int, error) { return 2, nil })
+	require.NoError(t, err)
+	assert.Equal(t, 2, v)
+}

@@ -186,15 +186,21 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, sent time.Time,
 
 	done := claim
 	rerr := s.Encode(&done, val, err)
-	if rerr == nil {
+	encoded := rerr == nil
+	if encoded {
 		rerr = s.complete(record, done)
 	}
 	if rerr != nil {
 		// Never release a key after fn succeeded: it stays claimed (durably
-		// pending, interrupted after a restart) and memory replays it for as
-		// long as the store lives. Unless the claim was lost: then the
-		// backend holds another owner's outcome, which later callers read.
-		return val, errors.Join(err, &NotRecordedError{Err: rerr}), !errors.Is(rerr, ErrNotOwner)
+		// pending, interrupted after a restart) and memory replays it while
+		// the store goes on trying to record it. Unless the claim was lost:
+		// then the backend holds another owner's outcome, which later
+		// callers read.
+		lost := errors.Is(rerr, ErrNotOwner)
+		if !lost && encoded {
+			s.completeLater(done)
+		}
+		return val, errors.Join(err, &NotRecordedError{Err: rerr}), !lost
 	}
 	return val, err, false
 }

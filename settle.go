@@ -103,6 +103,38 @@ func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error 
 	return err
 }
 
+// completeLater goes on recording done, an outcome the backend could not
+// take, in the background: memory replays it meanwhile (pinned). Once the
+// backend has it, or holds another owner's record instead (an operator
+// reconciled the key), the pin ends and later calls read the backend. It
+// gives up when the store closes; after a restart the key is interrupted.
+func (s *Store[R]) completeLater(done Record) {
+	s.startBackground(func() {
+		wait := settleMin
+		for {
+			select {
+			case <-s.closing.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, settleMax)
+			ctx, cancel := context.WithTimeout(s.closing, s.settleTimeout())
+			err := s.complete(ctx, done)
+			cancel()
+			if err == nil || errors.Is(err, ErrNotOwner) {
+				for !s.table.unpin(done.Key) { // its execution has yet to pin it
+					select {
+					case <-s.closing.Done():
+						return
+					case <-time.After(settleMin):
+					}
+				}
+				return
+			}
+		}
+	})
+}
+
 // releaseLater releases, in the background, a claim whose fate is unknown:
 // it may have landed, or may yet land (a request delayed on a connection
 // given up on), and it must not hold its key until its lease lapses and

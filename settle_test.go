@@ -226,3 +226,65 @@ func TestCloseReleasesUnknownClaims(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ok, "the claim of unknown fate was left to strand its key")
 }
+
+// An outcome the backend could not record is replayed from memory while the
+// store goes on recording it; once the backend has it, the pin ends and
+// another store replays it too.
+func TestUnrecordedOutcomeIsRecordedLater(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	var down atomic.Bool
+	down.Store(true)
+	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Complete" && down.Load() {
+			return errLost
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond})
+	calls, fn := countingFn(order{7, 7})
+	v, err := s.RunOnce(context.Background(), "k", "p", fn)
+	var nr *idem.NotRecordedError
+	require.ErrorAs(t, err, &nr)
+	assert.Equal(t, order{7, 7}, v)
+	assert.Equal(t, 1, s.Len(), "memory holds the unrecorded outcome")
+
+	down.Store(false) // the backend takes writes again
+	waitFor(t, func() bool { return s.Len() == 0 }, "the pin ends once the outcome is recorded")
+	rec, ok, err := mem.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, idem.StateCompleted, rec.State)
+	for _, st := range []*idem.Store[order]{s, durableStore(t, mem, idem.Options{})} {
+		v, err = st.RunOnce(context.Background(), "k", "p", fn)
+		require.NoError(t, err)
+		assert.Equal(t, order{7, 7}, v)
+	}
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+// A pinned outcome ends when an operator reconciled the key elsewhere: the
+// store no longer answers its old outcome.
+func TestPinEndsWhenTheKeyChangedHands(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	var down atomic.Bool
+	down.Store(true)
+	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Complete" && down.Load() {
+			return errLost
+		}
+		return nil
+	}}
+	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond, Lease: 100 * time.Millisecond})
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{8, 8}, nil })
+	var nr *idem.NotRecordedError
+	require.ErrorAs(t, err, &nr)
+	operator := durableStore(t, mem, idem.Options{})
+	waitFor(t, func() bool { return operator.Forget(context.Background(), "k") == nil }, "the lapsed claim can be forgotten")
+	_, err = operator.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{9, 9}, nil })
+	require.NoError(t, err)
+	down.Store(false)
+	waitFor(t, func() bool { return s.Len() == 0 }, "the pin ends once the record changed hands")
+	v, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{}, errors.New("must not run") })
+	require.NoError(t, err)
+	assert.Equal(t, order{9, 9}, v, "the store answers the record that stands, not its old outcome")
+}

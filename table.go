@@ -151,6 +151,25 @@ func (t *table[R]) pin(e *entry[R]) {
 	t.running.Done()
 }
 
+// unpin removes key's pinned entry, whose outcome the backend has now
+// settled, so that later calls read the backend. It reports false while
+// key's execution has yet to pin its entry.
+func (t *table[R]) unpin(key string) bool {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.entries[key]
+	switch {
+	case e == nil:
+		return true
+	case !e.completed:
+		return false
+	case e.expires.IsZero():
+		t.removeLocked(sh, e)
+	}
+	return true
+}
+
 // release removes e, whose execution failed before commit, so the next call
 // with its key executes again, and wakes its waiters with e.err.
 func (t *table[R]) release(e *entry[R]) {

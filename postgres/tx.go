@@ -201,10 +201,3 @@ func callTx[R any](ctx context.Context, tx pgx.Tx, fn func(context.Context, pgx.
 	val, err = fn(ctx, tx)
 	return val, err, true
 }
-
-// tookOver reports whether a takeOver statement returned its row.
-func tookOver(rows pgx.Rows) (bool, error) {
-	var won bool
-	_, found, err := scanOne(rows, &won)
-	return found && won, err
-}

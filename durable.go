@@ -77,8 +77,14 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool
 	defer cancel()
 	defer context.AfterFunc(s.stopping, cancel)()
 	rec, claimed, err := b.Claim(cctx, claim, s.opts.Now(), s.opts.Lease)
-	if err == nil {
-		return rec, claimed || rec.Token == claim.Token, nil
+	switch {
+	case err == nil && (claimed || rec.Token != claim.Token):
+		return rec, claimed, nil
+	case err == nil && rec.State == StatePending:
+		return rec, true, nil // its own claim, landed by an earlier attempt
+	case err == nil: // its own claim, lapsed already: fn must not run under it
+		s.releaseLater(claim.Key, claim.Token)
+		return Record{}, false, &BackendError{Op: "claim", Err: errors.New("the claim's lease lapsed before its reply arrived")}
 	}
 	if errors.Is(err, ErrClosed) { // refused outright: nothing was written
 		return Record{}, false, &BackendError{Op: "claim", Err: err}

@@ -288,3 +288,24 @@ func TestPinEndsWhenTheKeyChangedHands(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, order{9, 9}, v, "the store answers the record that stands, not its old outcome")
 }
+
+// A retried claim that finds its own claim already lapsed (interrupted)
+// does not run fn under it, and releases it.
+func TestOwnLapsedClaimRunsNothing(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	b := hooked{Backend: mem, claim: func(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+		if _, _, err := mem.Claim(ctx, rec, clock.Now(), lease); err != nil {
+			return idem.Record{}, false, err
+		}
+		clock.Advance(2 * lease) // the first reply is lost, and the retry comes late
+		return mem.Claim(ctx, rec, clock.Now(), lease)
+	}}
+	s := durableStore(t, b, idem.Options{Now: clock.Now})
+	calls, fn := countingFn(order{})
+	_, err := s.RunOnce(context.Background(), "k", "p", fn)
+	var be *idem.BackendError
+	require.ErrorAs(t, err, &be)
+	assert.Zero(t, calls.Load(), "fn ran under a lapsed claim")
+	waitFor(t, absent(mem, "k"), "the lapsed claim is released")
+}

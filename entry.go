@@ -12,7 +12,7 @@ type entry[R any] struct {
 
 	// Guarded by shard.mu.
 	completed  bool      // the outcome is final and replays until expires
-	expires    time.Time // set when completed; zero for a pinned entry, which never expires
+	expires    time.Time // set when completed; zero for a pinned entry, which stays until unpinned
 	prev, next *entry[R] // the shard's expiry list, completed entries only
 
 	// done is closed once the outcome is set. The first caller that needs to

@@ -24,10 +24,10 @@ type Options struct {
 	SweepInterval time.Duration
 
 	// MaxKeys bounds the keys held in memory, in flight or remembered (with a
-	// Backend: in flight, or pinned because the backend failed to settle
-	// them). When
-	// it is reached, a new key gets ErrFull while known keys still replay;
-	// no live key is evicted. Zero or negative means unbounded.
+	// Backend: in flight, or pinned while the backend cannot record their
+	// outcome). When it is reached, a new key gets ErrFull while known keys
+	// still replay (with a Backend, from the backend); no live key is
+	// evicted. Zero or negative means unbounded.
 	MaxKeys int
 
 	// ExecutionTimeout bounds the context that fn runs under. A fn that fails

@@ -137,9 +137,9 @@ func (t *table[R]) complete(e *entry[R], expires time.Time) {
 	t.running.Done()
 }
 
-// pin records e's outcome, already in e.val and e.err, for as long as the
-// store lives: it never expires and no sweep removes it. It is for an
-// outcome the Backend could not settle, whose key must not run again here.
+// pin records e's outcome, already in e.val and e.err, until unpin: it
+// never expires and no sweep removes it. It is for an outcome the Backend
+// could not record, whose key must not run again here meanwhile.
 func (t *table[R]) pin(e *entry[R]) {
 	sh := e.shard
 	sh.mu.Lock()

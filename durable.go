@@ -89,7 +89,7 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool
 	if errors.Is(err, ErrClosed) { // refused outright: nothing was written
 		return Record{}, false, &BackendError{Op: "claim", Err: err}
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.settleTimeout())
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.SettleTimeout)
 	defer cancel()
 	rec, found, gerr := b.Get(rctx, claim.Key, s.opts.Now())
 	if gerr == nil && found && rec.Token == claim.Token && rec.State == StatePending {

@@ -332,7 +332,7 @@ func (s *Store[R]) Close() error {
 		// Claims of unknown fate get a settle timeout to be released, so
 		// that closing a store during a backend blip strands no key.
 		if idle := s.releases.done(); idle != nil {
-			grace := time.NewTimer(s.settleTimeout())
+			grace := time.NewTimer(s.opts.SettleTimeout)
 			select {
 			case <-idle:
 			case <-grace.C:

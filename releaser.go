@@ -1,0 +1,121 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// releaseLater releases, in the background, a claim whose fate is unknown:
+// it may have landed, or may yet land (a request delayed on a connection
+// given up on), and it must not hold its key until its lease lapses and
+// leaves it interrupted. The claim is released once the backend answers,
+// and watched for a lease and a settle timeout from now, in case it shows
+// up late.
+func (s *Store[R]) releaseLater(key, token string) {
+	s.releases.add(s, key, token, time.Now().Add(s.opts.Lease+s.opts.SettleTimeout))
+}
+
+// A releaser releases claims of unknown fate from one goroutine of the
+// store's, which runs while it has any: however many claims fail during an
+// outage, the store holds one goroutine for them and, once the backend is
+// back, sends it their releases one at a time.
+type releaser struct {
+	mu      sync.Mutex
+	pending map[unknownClaim]time.Time // guarded by mu: each claim and the end of its watch
+	idle    chan struct{}              // guarded by mu: non-nil while the goroutine runs, closed as it exits
+}
+
+type unknownClaim struct{ key, token string }
+
+// releaseRunner is what a releaser needs of its Store, which is generic
+// where the releaser is not.
+type releaseRunner interface {
+	startBackground(func())
+	tryRelease(key, token string) error
+	closingDone() <-chan struct{}
+}
+
+func (r *releaser) add(s releaseRunner, key, token string, watch time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pending == nil {
+		r.pending = make(map[unknownClaim]time.Time)
+	}
+	r.pending[unknownClaim{key, token}] = watch
+	if r.idle == nil {
+		r.idle = make(chan struct{})
+		s.startBackground(func() { r.run(s) })
+	}
+}
+
+// done returns a channel closed once no release is pending (nil if none is).
+func (r *releaser) done() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.idle
+}
+
+// run tries every pending release, in rounds with a backoff between them,
+// until none is left or the store has closed.
+func (r *releaser) run(s releaseRunner) {
+	for wait := settleMin; ; wait = min(2*wait, settleMax) {
+		r.mu.Lock()
+		claims := make([]unknownClaim, 0, len(r.pending))
+		for c := range r.pending {
+			claims = append(claims, c)
+		}
+		r.mu.Unlock()
+		for _, c := range claims {
+			err := s.tryRelease(c.key, c.token)
+			r.mu.Lock()
+			switch {
+			case err == nil, errors.Is(err, ErrClosed):
+				delete(r.pending, c)
+			case errors.Is(err, ErrNotOwner) && time.Now().After(r.pending[c]):
+				delete(r.pending, c) // it never landed, or was settled otherwise
+			}
+			r.mu.Unlock()
+		}
+		if r.exit(false) {
+			return
+		}
+		if !pause(s.closingDone(), wait) {
+			r.exit(true)
+			return
+		}
+	}
+}
+
+// exit ends the goroutine if nothing is pending, or anyway if closing: both
+// under mu, so that add either sees it running or starts another.
+func (r *releaser) exit(closing bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !closing && len(r.pending) > 0 {
+		return false
+	}
+	close(r.idle)
+	r.idle = nil
+	return true
+}
+
+// startBackground runs fn on a goroutine that Close waits for.
+func (s *Store[R]) startBackground(fn func()) {
+	s.background.Add(1)
+	go func() {
+		defer s.background.Done()
+		fn()
+	}()
+}
+
+// tryRelease makes one attempt at a release, bounded so that one call that
+// hangs cannot hold the others up for long.
+func (s *Store[R]) tryRelease(key, token string) error {
+	ctx, cancel := context.WithTimeout(s.closing, settleMax)
+	defer cancel()
+	return s.opts.Backend.Release(ctx, key, token)
+}
+
+func (s *Store[R]) closingDone() <-chan struct{} { return s.closing.Done() }

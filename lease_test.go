@@ -13,58 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// hooked wraps a Backend with functions that run around its calls.
-type hooked struct {
-	idem.Backend
-	claim func(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error)
-	renew func(ctx context.Context) error
-	get   func(ctx context.Context) error
-}
-
-func (h hooked) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
-	if h.claim != nil {
-		return h.claim(ctx, rec, now, lease)
-	}
-	return h.Backend.Claim(ctx, rec, now, lease)
-}
-
-func (h hooked) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
-	if h.renew != nil {
-		if err := h.renew(ctx); err != nil {
-			return err
-		}
-	}
-	return h.Backend.Renew(ctx, key, token, now, lease)
-}
-
-func (h hooked) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
-	if h.get != nil {
-		if err := h.get(ctx); err != nil {
-			return idem.Record{}, false, err
-		}
-	}
-	return h.Backend.Get(ctx, key, now)
-}
-
-// waitFor polls cond for up to ten seconds.
-func waitFor(t *testing.T, cond func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out: %s", msg)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func absent(mem *idemtest.MemoryBackend, key string) func() bool {
-	return func() bool {
-		_, ok, err := mem.Get(context.Background(), key, time.Now())
-		return err == nil && !ok
-	}
-}
-
 // A claim that fails at once but lands later (a request delayed on a
 // connection the client gave up on) is released when it shows up: the key
 // is not left to turn interrupted, and fn runs once.

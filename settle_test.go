@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,21 +14,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// errLost stands for a reply lost on its way back: a broken connection.
-var errLost = errors.New("connection reset by peer")
-
-// loseOnce returns a Lose function that loses the reply to op once.
-func loseOnce(op string) func(string) error {
-	var once sync.Once
-	return func(o string) error {
-		var err error
-		if o == op {
-			once.Do(func() { err = errLost })
-		}
-		return err
-	}
-}
 
 // A claim that landed but whose reply was lost is read back by its token:
 // fn runs once, and the outcome is recorded.
@@ -106,22 +90,7 @@ func TestLostReleaseReplyIsSettled(t *testing.T) {
 // key is not left to turn interrupted.
 func TestUnknownClaimIsReleasedLater(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
-	var down atomic.Bool
-	b := idemtest.Faulty{Backend: mem,
-		Lose: func(op string) error {
-			if op == "Claim" {
-				down.Store(true)
-				return errLost
-			}
-			return nil
-		},
-		Fail: func(op string) error {
-			if down.Load() && op != "Claim" {
-				return errLost
-			}
-			return nil
-		},
-	}
+	b, down := claimLostThenDown(mem)
 	s := durableStore(t, b, idem.Options{})
 	calls, fn := countingFn(order{5, 5})
 	_, err := s.RunOnce(context.Background(), "k", "p", fn)
@@ -157,17 +126,6 @@ func TestClaimFindingItsOwnTokenOwnsTheKey(t *testing.T) {
 	assert.Equal(t, int32(1), calls.Load())
 }
 
-// retryingClient sends every claim twice, as a client library does when
-// the first reply is lost: the second finds the first's record.
-type retryingClient struct{ idem.Backend }
-
-func (r retryingClient) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
-	if _, _, err := r.Backend.Claim(ctx, rec, now, lease); err != nil {
-		return idem.Record{}, false, err
-	}
-	return r.Backend.Claim(ctx, rec, now, lease)
-}
-
 // However many claims fail during an outage, the store holds one goroutine
 // for their releases.
 func TestFailedClaimsShareOneReleaser(t *testing.T) {
@@ -194,22 +152,7 @@ func TestFailedClaimsShareOneReleaser(t *testing.T) {
 // during a backend blip leaves no key interrupted.
 func TestCloseReleasesUnknownClaims(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
-	var down atomic.Bool
-	b := idemtest.Faulty{Backend: mem,
-		Lose: func(op string) error {
-			if op == "Claim" {
-				down.Store(true) // the claim lands, its reply is lost, the backend goes
-				return errLost
-			}
-			return nil
-		},
-		Fail: func(op string) error {
-			if down.Load() && op != "Claim" {
-				return errLost
-			}
-			return nil
-		},
-	}
+	b, down := claimLostThenDown(mem)
 	s := idem.New[order](idem.Options{Backend: b, SettleTimeout: 5 * time.Second})
 	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{}, nil })
 	require.Error(t, err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
@@ -17,7 +18,7 @@ import (
 // blocking is a Backend whose Sweep and Claim block until their context
 // ends, announcing each call on entered: a database that never answers.
 type blocking struct {
-	idem.Backend
+	backend.Backend
 	entered chan string
 }
 
@@ -27,10 +28,10 @@ func (b blocking) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 	return 0, ctx.Err()
 }
 
-func (b blocking) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+func (b blocking) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 	b.entered <- "Claim"
 	<-ctx.Done()
-	return idem.Record{}, false, ctx.Err()
+	return backend.Record{}, false, ctx.Err()
 }
 
 // closeWithin fails the test if Close does not return within d.

@@ -29,5 +29,6 @@
 // whose owner died between the two is interrupted: RunOnce answers
 // [ErrOutcomeUnknown] and does not run fn until an operator calls
 // [Store.Forget] (or Options.RetryInterrupted allows a second run). Package
-// idemtest holds the conformance suite every [Backend] must pass.
+// idemtest holds the conformance suite every [backend.Backend] must pass;
+// package backend is what a backend author implements.
 package idem

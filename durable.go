@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/seed094d4201/idem/backend"
 )
 
 // executeDurable claims key in the Backend and runs fn, or answers from the
@@ -20,7 +22,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 	b := s.opts.Backend
 	retried := false
 	for {
-		claim := Record{Key: key, Fingerprint: fp, Token: newToken(), State: StatePending}
+		claim := backend.Record{Key: key, Fingerprint: fp, Token: newToken(), State: backend.StatePending}
 		// The lease is trusted from before the claim leaves: whatever clock
 		// the backend uses, it cannot have granted the lease any earlier.
 		sent := time.Now()
@@ -34,7 +36,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		if rec.Fingerprint != fp {
 			return val, ErrPayloadMismatch, false
 		}
-		if rec.State == StatePending {
+		if rec.State == backend.StatePending {
 			// In flight through another store, most likely another process:
 			// wait for its outcome.
 			if rec, err = s.awaitSettled(ctx, key); err != nil {
@@ -47,7 +49,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		switch {
 		case rec.Fingerprint != fp:
 			return val, ErrPayloadMismatch, false
-		case rec.State == StateCompleted:
+		case rec.State == backend.StateCompleted:
 			val, err = s.decode(rec)
 			return val, err, false
 		case !s.opts.RetryInterrupted || retried:
@@ -56,7 +58,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		// RetryInterrupted: treat the interrupted claim as failed before
 		// commit. Its token is compared, so if another store took it over in
 		// the meantime this release fails and the claim below finds theirs.
-		if err := b.Release(ctx, key, rec.Token); err != nil && !errors.Is(err, ErrNotOwner) {
+		if err := b.Release(ctx, key, rec.Token); err != nil && !errors.Is(err, backend.ErrNotOwner) {
 			return val, fmt.Errorf("idem: releasing interrupted key in backend: %w", err), false
 		}
 		retried = true
@@ -70,7 +72,7 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 // a connection the client gave up on): it is read back, and unless it is
 // found in time to run fn under it, it is released in the background as
 // soon as it shows up, rather than left to strand the key.
-func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool, error) {
+func (s *Store[R]) claimDurable(ctx context.Context, claim backend.Record) (backend.Record, bool, error) {
 	b := s.opts.Backend
 	// A claim against a backend that never answers must not hold Close up.
 	cctx, cancel := context.WithCancel(ctx)
@@ -80,23 +82,23 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim Record) (Record, bool
 	switch {
 	case err == nil && (claimed || rec.Token != claim.Token):
 		return rec, claimed, nil
-	case err == nil && rec.State == StatePending:
+	case err == nil && rec.State == backend.StatePending:
 		return rec, true, nil // its own claim, landed by an earlier attempt
 	case err == nil: // its own claim, lapsed already: fn must not run under it
 		s.releaseLater(claim.Key, claim.Token)
-		return Record{}, false, &BackendError{Op: "claim", Err: errors.New("the claim's lease lapsed before its reply arrived")}
+		return backend.Record{}, false, &BackendError{Op: "claim", Err: errors.New("the claim's lease lapsed before its reply arrived")}
 	}
 	if errors.Is(err, ErrClosed) { // refused outright: nothing was written
-		return Record{}, false, &BackendError{Op: "claim", Err: err}
+		return backend.Record{}, false, &BackendError{Op: "claim", Err: err}
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.SettleTimeout)
 	defer cancel()
 	rec, found, gerr := b.Get(rctx, claim.Key, s.opts.Now())
-	if gerr == nil && found && rec.Token == claim.Token && rec.State == StatePending {
+	if gerr == nil && found && rec.Token == claim.Token && rec.State == backend.StatePending {
 		return rec, true, nil
 	}
 	s.releaseLater(claim.Key, claim.Token)
-	return Record{}, false, &BackendError{Op: "claim", Err: err}
+	return backend.Record{}, false, &BackendError{Op: "claim", Err: err}
 }
 
 // replayWhenFull answers a call that found memory full (MaxKeys counts the
@@ -111,7 +113,7 @@ func (s *Store[R]) replayWhenFull(ctx context.Context, key string, fp Fingerprin
 		return zero, &BackendError{Op: "get", Err: err}
 	case ok && rec.Fingerprint != fp:
 		return zero, ErrPayloadMismatch
-	case ok && rec.State == StateCompleted:
+	case ok && rec.State == backend.StateCompleted:
 		return s.decode(rec)
 	}
 	return zero, ErrFull
@@ -128,7 +130,7 @@ const (
 // pending claim with a live lease, and returns it (State zero if the claim
 // was released). It gives up with ErrInProgress when the store closes or ctx
 // ends; the callers waiting on this execution leave on their own contexts.
-func (s *Store[R]) awaitSettled(ctx context.Context, key string) (Record, error) {
+func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record, error) {
 	// A backend that stops answering must not hold Close up.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -140,19 +142,19 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (Record, error)
 		select {
 		case <-timer.C:
 		case <-s.stopping.Done():
-			return Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
+			return backend.Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
 		case <-ctx.Done():
-			return Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
+			return backend.Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		}
 		rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
 		switch {
 		case err != nil && s.stopping.Err() != nil:
-			return Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
+			return backend.Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
 		case err != nil:
-			return Record{}, &BackendError{Op: "get", Err: err}
+			return backend.Record{}, &BackendError{Op: "get", Err: err}
 		case !ok:
-			return Record{}, nil
-		case rec.State != StatePending:
+			return backend.Record{}, nil
+		case rec.State != backend.StatePending:
 			return rec, nil
 		}
 		wait = min(2*wait, pollMax)
@@ -165,7 +167,7 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (Record, error)
 // that fn's timeout cannot end, so a finished operation is never lost for
 // want of time to record it, and the lease is renewed until the outcome is
 // settled. sent is when the claim was sent.
-func (s *Store[R]) runClaimed(ctx context.Context, claim Record, sent time.Time, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
+func (s *Store[R]) runClaimed(ctx context.Context, claim backend.Record, sent time.Time, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
 	record := context.WithoutCancel(ctx)
 	ctx, stopRenewing := s.renew(ctx, claim, sent)
 	defer stopRenewing()
@@ -202,7 +204,7 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim Record, sent time.Time,
 		// the store goes on trying to record it. Unless the claim was lost:
 		// then the backend holds another owner's outcome, which later
 		// callers read.
-		lost := errors.Is(rerr, ErrNotOwner)
+		lost := errors.Is(rerr, backend.ErrNotOwner)
 		if !lost && encoded {
 			s.completeLater(done)
 		}
@@ -218,12 +220,12 @@ func (s *Store[R]) Options() Options { return s.opts }
 // store's Codec: the result, and for a final error an error with its
 // message that IsFinal recognises. Backends with modes of their own (such as
 // postgres.RunOnceTx) use it to replay what they find.
-func (s *Store[R]) Decode(rec Record) (R, error) { return s.decode(rec) }
+func (s *Store[R]) Decode(rec backend.Record) (R, error) { return s.decode(rec) }
 
 // Encode fills the outcome fields of a completed record (State, Value,
 // Failed, ErrMsg) from fn's result and final error, with the store's Codec.
-func (s *Store[R]) Encode(rec *Record, val R, err error) error {
-	rec.State, rec.Failed, rec.ErrMsg = StateCompleted, err != nil, ""
+func (s *Store[R]) Encode(rec *backend.Record, val R, err error) error {
+	rec.State, rec.Failed, rec.ErrMsg = backend.StateCompleted, err != nil, ""
 	if err != nil {
 		rec.ErrMsg = err.Error()
 	}
@@ -234,7 +236,7 @@ func (s *Store[R]) Encode(rec *Record, val R, err error) error {
 
 // decode turns a completed record back into the outcome it recorded. A final
 // error comes back with its message, and IsFinal recognises it.
-func (s *Store[R]) decode(rec Record) (R, error) {
+func (s *Store[R]) decode(rec backend.Record) (R, error) {
 	var val R
 	if len(rec.Value) > 0 {
 		if err := s.opts.Codec.Unmarshal(rec.Value, &val); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,7 +22,7 @@ type order struct {
 }
 
 // durableStore returns a store over b that is closed when the test ends.
-func durableStore(t *testing.T, b idem.Backend, opts idem.Options) *idem.Store[order] {
+func durableStore(t *testing.T, b backend.Backend, opts idem.Options) *idem.Store[order] {
 	t.Helper()
 	opts.Backend = b
 	s := idem.New[order](opts)
@@ -165,7 +166,7 @@ func TestInterruptedKeyIsNotRunAgain(t *testing.T) {
 func TestRetryInterruptedRunsAgain(t *testing.T) {
 	b := idemtest.NewMemoryBackend()
 	ctx := context.Background()
-	_, _, err := b.Claim(ctx, idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead-owner"}, time.Now(), time.Minute)
+	_, _, err := b.Claim(ctx, backend.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead-owner"}, time.Now(), time.Minute)
 	require.NoError(t, err)
 	b.Crash()
 
@@ -177,7 +178,7 @@ func TestRetryInterruptedRunsAgain(t *testing.T) {
 	assert.Equal(t, int32(1), calls.Load())
 	rec, _, err := b.Get(ctx, "k", time.Now())
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateCompleted, rec.State)
+	assert.Equal(t, backend.StateCompleted, rec.State)
 }
 
 func mustFingerprint(t *testing.T, payload any) idem.Fingerprint {
@@ -285,7 +286,7 @@ func TestUnreleasedFailureIsReleasedLater(t *testing.T) {
 	rec, ok, err := mem.Get(ctx, "k", time.Now())
 	require.NoError(t, err)
 	require.True(t, ok)
-	assert.Equal(t, idem.StatePending, rec.State, "the release did not get through")
+	assert.Equal(t, backend.StatePending, rec.State, "the release did not get through")
 
 	failReleases.Store(false) // the backend answers again
 	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -347,7 +348,7 @@ func TestLapsedLeaseIsInterrupted(t *testing.T) {
 	b := idemtest.NewMemoryBackend()
 	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 	ctx := context.Background()
-	dead := idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead"}
+	dead := backend.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead"}
 	_, _, err := b.Claim(ctx, dead, clock.Now(), 30*time.Second)
 	require.NoError(t, err)
 	clock.Advance(time.Minute)
@@ -396,7 +397,7 @@ func TestLostLeaseIsFenced(t *testing.T) {
 	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
 	var nr *idem.NotRecordedError
 	require.ErrorAs(t, err, &nr)
-	assert.ErrorIs(t, err, idem.ErrNotOwner, "the stale owner is told its outcome was refused")
+	assert.ErrorIs(t, err, backend.ErrNotOwner, "the stale owner is told its outcome was refused")
 	rec, _, err := mem.Get(ctx, "k", time.Now())
 	require.NoError(t, err)
 	assert.Equal(t, "new-owner", rec.Token)

@@ -3,6 +3,8 @@ package idem
 import (
 	"errors"
 	"fmt"
+
+	"github.com/seed094d4201/idem/backend"
 )
 
 // These errors are returned by a Store; test for them with [errors.Is], since
@@ -18,7 +20,7 @@ var (
 	// that is still running: its context ended first (the error then also
 	// matches the context's error), or Forget was asked to drop a key in
 	// flight.
-	ErrInProgress = errors.New("idem: operation in progress")
+	ErrInProgress = backend.ErrInProgress
 
 	// ErrOutcomeUnknown is returned when a durable record shows the key was
 	// claimed but its owner stopped before recording an outcome, so the
@@ -38,7 +40,7 @@ var (
 	ErrFull = errors.New("idem: store is full")
 
 	// ErrClosed is returned by calls made after Close.
-	ErrClosed = errors.New("idem: store is closed")
+	ErrClosed = backend.ErrClosed
 )
 
 var (
@@ -106,7 +108,7 @@ type NotRecordedError struct {
 }
 
 func (e *NotRecordedError) Error() string {
-	if errors.Is(e.Err, ErrNotOwner) {
+	if errors.Is(e.Err, backend.ErrNotOwner) {
 		return "idem: the operation finished but its outcome was not recorded: the claim was lost to another owner: " + e.Err.Error()
 	}
 	return "idem: the operation finished but its outcome was not recorded; the key stays claimed: " + e.Err.Error()

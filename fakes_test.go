@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 )
 
@@ -32,24 +32,24 @@ func loseOnce(op string) func(string) error {
 
 // retryingClient sends every claim twice, as a client library does when
 // the first reply is lost: the second finds the first's record.
-type retryingClient struct{ idem.Backend }
+type retryingClient struct{ backend.Backend }
 
-func (r retryingClient) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+func (r retryingClient) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 	if _, _, err := r.Backend.Claim(ctx, rec, now, lease); err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	return r.Backend.Claim(ctx, rec, now, lease)
 }
 
 // hooked wraps a Backend with functions that run around its calls.
 type hooked struct {
-	idem.Backend
-	claim func(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error)
+	backend.Backend
+	claim func(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error)
 	renew func(ctx context.Context) error
 	get   func(ctx context.Context) error
 }
 
-func (h hooked) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+func (h hooked) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 	if h.claim != nil {
 		return h.claim(ctx, rec, now, lease)
 	}
@@ -65,10 +65,10 @@ func (h hooked) Renew(ctx context.Context, key, token string, now time.Time, lea
 	return h.Backend.Renew(ctx, key, token, now, lease)
 }
 
-func (h hooked) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
+func (h hooked) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
 	if h.get != nil {
 		if err := h.get(ctx); err != nil {
-			return idem.Record{}, false, err
+			return backend.Record{}, false, err
 		}
 	}
 	return h.Backend.Get(ctx, key, now)
@@ -77,7 +77,7 @@ func (h hooked) Get(ctx context.Context, key string, now time.Time) (idem.Record
 // claimLostThenDown is a backend over mem where a claim lands but its
 // reply is lost, and from then on every other call fails until down is
 // cleared: nobody can tell whether the claim landed.
-func claimLostThenDown(mem idem.Backend) (idem.Backend, *atomic.Bool) {
+func claimLostThenDown(mem backend.Backend) (backend.Backend, *atomic.Bool) {
 	var down atomic.Bool
 	return idemtest.Faulty{Backend: mem,
 		Lose: func(op string) error {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/seed094d4201/idem/backend"
 )
 
 // ErrLeaseLost is the cause of fn's context when the store stops trusting
@@ -33,7 +35,7 @@ func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 // in time. stop ends the renewals and waits for none; a renewal already in
 // flight is counted in s.background, so Close waits for it, and its context
 // ends when the store closes. A fast fn costs two timers and no goroutine.
-func (s *Store[R]) renew(ctx context.Context, claim Record, sent time.Time) (_ context.Context, stop func()) {
+func (s *Store[R]) renew(ctx context.Context, claim backend.Record, sent time.Time) (_ context.Context, stop func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	lease := s.opts.Lease
 	every, retry, trust := lease/3, lease/12, leaseTrust(lease)
@@ -78,7 +80,7 @@ func (s *Store[R]) renew(ctx context.Context, claim Record, sent time.Time) (_ c
 		defer mu.Unlock()
 		switch {
 		case stopped:
-		case errors.Is(err, ErrNotOwner):
+		case errors.Is(err, backend.ErrNotOwner):
 			cancel(ErrLeaseLost)
 		case err == nil:
 			until = sent.Add(trust)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,13 +20,13 @@ import (
 func TestLateClaimIsReleased(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	landed := make(chan struct{})
-	b := hooked{Backend: mem, claim: func(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+	b := hooked{Backend: mem, claim: func(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 		go func() { // the request arrives after its caller gave up
 			defer close(landed)
 			time.Sleep(50 * time.Millisecond) // network delay, not ordering
 			_, _, _ = mem.Claim(context.Background(), rec, time.Now(), lease)
 		}()
-		return idem.Record{}, false, context.DeadlineExceeded
+		return backend.Record{}, false, context.DeadlineExceeded
 	}}
 	s := durableStore(t, b, idem.Options{Lease: time.Hour})
 	calls, fn := countingFn(order{1, 1})
@@ -46,7 +47,7 @@ func TestLateClaimIsReleased(t *testing.T) {
 func TestClaimReplyPastTheLeaseRunsNothing(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	const lease = 100 * time.Millisecond
-	b := hooked{Backend: mem, claim: func(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+	b := hooked{Backend: mem, claim: func(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 		got, won, err := mem.Claim(ctx, rec, now, lease)
 		time.Sleep(lease) // a reply slower than the lease
 		return got, won, err
@@ -127,7 +128,7 @@ func TestLeaseRenewedWhileRecording(t *testing.T) {
 // held elsewhere.
 func TestCloseDoesNotWaitOnAHungPoll(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
-	_, _, err := mem.Claim(context.Background(), idem.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "elsewhere"}, time.Now(), time.Hour)
+	_, _, err := mem.Claim(context.Background(), backend.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "elsewhere"}, time.Now(), time.Hour)
 	require.NoError(t, err)
 	polling := make(chan struct{}, 1)
 	b := hooked{Backend: mem, get: func(ctx context.Context) error {
@@ -219,7 +220,7 @@ func TestLateClaimReplyIsRenewedInTime(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	var renewals atomic.Int32
 	b := hooked{Backend: mem,
-		claim: func(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+		claim: func(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 			got, won, err := mem.Claim(ctx, rec, now, lease)
 			time.Sleep(lease * 6 / 10) // a slow reply, not ordering
 			return got, won, err

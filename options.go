@@ -3,6 +3,8 @@ package idem
 import (
 	"log/slog"
 	"time"
+
+	"github.com/seed094d4201/idem/backend"
 )
 
 // Options configure a Store. The zero value is ready to use: outcomes are
@@ -52,7 +54,7 @@ type Options struct {
 	// processes and machines (postgres, redis). With one, memory holds only
 	// the keys in flight in this process, and every remembered outcome lives
 	// in the backend. The Store does not close it. Nil means memory only.
-	Backend Backend
+	Backend backend.Backend
 
 	// Codec turns results into bytes for the Backend. Nil means JSONCodec.
 	Codec Codec

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/seed094d4201/idem/backend"
 )
 
 // releaseLater releases, in the background, a claim whose fate is unknown:
@@ -73,7 +75,7 @@ func (r *releaser) run(s releaseRunner) {
 			switch {
 			case err == nil, errors.Is(err, ErrClosed):
 				delete(r.pending, c)
-			case errors.Is(err, ErrNotOwner) && time.Now().After(r.pending[c]):
+			case errors.Is(err, backend.ErrNotOwner) && time.Now().After(r.pending[c]):
 				delete(r.pending, c) // it never landed, or was settled otherwise
 			}
 			r.mu.Unlock()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/seed094d4201/idem/backend"
 )
 
 // Writes whose outcome is unknown (an error, a lost reply, a dropped
@@ -22,15 +24,15 @@ const (
 // token or no record means the claim was lost (ErrNotOwner), and the claim
 // still pending means no try landed yet, so it tries again until
 // Options.SettleTimeout runs out.
-func (s *Store[R]) complete(ctx context.Context, done Record) error {
+func (s *Store[R]) complete(ctx context.Context, done backend.Record) error {
 	b := s.opts.Backend
 	return s.settle(ctx, func(ctx context.Context) error {
 		return b.Complete(ctx, done, s.opts.Now(), s.opts.TTL)
-	}, func(rec Record, found bool) (bool, error) {
+	}, func(rec backend.Record, found bool) (bool, error) {
 		switch {
 		case !found || rec.Token != done.Token:
-			return true, ErrNotOwner
-		case rec.State == StateCompleted:
+			return true, backend.ErrNotOwner
+		case rec.State == backend.StateCompleted:
 			return true, nil
 		}
 		return false, nil
@@ -43,12 +45,12 @@ func (s *Store[R]) release(ctx context.Context, key, token string) error {
 	b := s.opts.Backend
 	return s.settle(ctx, func(ctx context.Context) error {
 		return b.Release(ctx, key, token)
-	}, func(rec Record, found bool) (bool, error) {
+	}, func(rec backend.Record, found bool) (bool, error) {
 		switch {
 		case !found || rec.Token != token:
 			return true, nil
-		case rec.State == StateCompleted:
-			return true, ErrNotOwner
+		case rec.State == backend.StateCompleted:
+			return true, backend.ErrNotOwner
 		}
 		return false, nil
 	}, key)
@@ -59,7 +61,7 @@ func (s *Store[R]) release(ctx context.Context, key, token string) error {
 // it returns). When Options.SettleTimeout runs out it returns the last
 // error. The callers pass a context without cancellation, so only that
 // timeout ends the whole.
-func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error, check func(Record, bool) (bool, error), key string) error {
+func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error, check func(backend.Record, bool) (bool, error), key string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
 	defer cancel()
 	wait := settleMin
@@ -104,7 +106,7 @@ func pause(done <-chan struct{}, d time.Duration) bool {
 // first attempt.
 func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error {
 	err := s.release(ctx, key, token)
-	if err != nil && !errors.Is(err, ErrNotOwner) {
+	if err != nil && !errors.Is(err, backend.ErrNotOwner) {
 		s.releaseLater(key, token)
 	}
 	return err
@@ -115,13 +117,13 @@ func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error 
 // backend has it, or holds another owner's record instead (an operator
 // reconciled the key), the pin ends and later calls read the backend. It
 // gives up when the store closes; after a restart the key is interrupted.
-func (s *Store[R]) completeLater(done Record) {
+func (s *Store[R]) completeLater(done backend.Record) {
 	s.startBackground(func() {
 		for wait := settleMin; pause(s.closing.Done(), wait); wait = min(2*wait, settleMax) {
 			ctx, cancel := context.WithTimeout(s.closing, s.opts.SettleTimeout)
 			err := s.complete(ctx, done)
 			cancel()
-			if err == nil || errors.Is(err, ErrNotOwner) {
+			if err == nil || errors.Is(err, backend.ErrNotOwner) {
 				// Its execution may have yet to pin it.
 				for !s.table.unpin(done.Key) && pause(s.closing.Done(), settleMin) {
 				}

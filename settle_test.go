@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,7 +28,7 @@ func TestLostClaimReplyIsSettled(t *testing.T) {
 	assert.Equal(t, int32(1), calls.Load())
 	rec, _, err := mem.Get(context.Background(), "k", time.Now())
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateCompleted, rec.State, "the key is not stranded")
+	assert.Equal(t, backend.StateCompleted, rec.State, "the key is not stranded")
 }
 
 // An outcome write that landed but whose reply was lost is not reported as
@@ -65,7 +66,7 @@ func TestFailedCompleteIsRetried(t *testing.T) {
 	assert.Equal(t, int32(4), failures.Load(), "three failed tries, then one that landed")
 	rec, _, err := mem.Get(context.Background(), "k", time.Now())
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateCompleted, rec.State)
+	assert.Equal(t, backend.StateCompleted, rec.State)
 	assert.Equal(t, int32(1), calls.Load())
 }
 
@@ -101,7 +102,7 @@ func TestUnknownClaimIsReleasedLater(t *testing.T) {
 	rec, ok, err := mem.Get(context.Background(), "k", time.Now())
 	require.NoError(t, err)
 	require.True(t, ok, "the claim landed")
-	assert.Equal(t, idem.StatePending, rec.State)
+	assert.Equal(t, backend.StatePending, rec.State)
 
 	down.Store(false) // the backend answers again
 	waitFor(t, absent(mem, "k"), "the store releases the claim it could not confirm")
@@ -196,7 +197,7 @@ func TestUnrecordedOutcomeIsRecordedLater(t *testing.T) {
 	rec, ok, err := mem.Get(context.Background(), "k", time.Now())
 	require.NoError(t, err)
 	require.True(t, ok)
-	assert.Equal(t, idem.StateCompleted, rec.State)
+	assert.Equal(t, backend.StateCompleted, rec.State)
 	for _, st := range []*idem.Store[order]{s, durableStore(t, mem, idem.Options{})} {
 		v, err = st.RunOnce(context.Background(), "k", "p", fn)
 		require.NoError(t, err)
@@ -237,9 +238,9 @@ func TestPinEndsWhenTheKeyChangedHands(t *testing.T) {
 func TestOwnLapsedClaimRunsNothing(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
-	b := hooked{Backend: mem, claim: func(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+	b := hooked{Backend: mem, claim: func(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 		if _, _, err := mem.Claim(ctx, rec, clock.Now(), lease); err != nil {
-			return idem.Record{}, false, err
+			return backend.Record{}, false, err
 		}
 		clock.Advance(2 * lease) // the first reply is lost, and the retry comes late
 		return mem.Claim(ctx, rec, clock.Now(), lease)

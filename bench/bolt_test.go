@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
 	bbolt "go.etcd.io/bbolt"
 )
@@ -17,9 +18,9 @@ import (
 // b.TempDir(), as a service would.
 
 var boltRecord = func() []byte {
-	rec, err := idem.Record{
+	rec, err := backend.Record{
 		Key:   "16fd2706-8baf-433b-82eb-8c7fada847da",
-		State: idem.StateCompleted,
+		State: backend.StateCompleted,
 		Token: "0123456789abcdef0123456789abcdef",
 		Value: []byte(`{"Charge":1,"Amount":450}`),
 	}.MarshalBinary()

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 )
@@ -60,7 +61,7 @@ func uniqueName(prefix string) string {
 
 // idemShared returns a RunOnce over backend. Outcomes live a minute, so
 // that Redis soon drops what a run wrote.
-func idemShared(b *testing.B, backend idem.Backend) func(key string) {
+func idemShared(b *testing.B, backend backend.Backend) func(key string) {
 	s := idem.New[receipt](idem.Options{Backend: backend, TTL: time.Minute})
 	b.Cleanup(func() { s.Close() })
 	ctx := context.Background()
@@ -143,10 +144,10 @@ func BenchmarkSharedNewKey(b *testing.B) {
 func BenchmarkSharedReplay(b *testing.B) {
 	for _, im := range []struct {
 		name string
-		new  func(b *testing.B) idem.Backend
+		new  func(b *testing.B) backend.Backend
 	}{
-		{"idem-postgres", func(b *testing.B) idem.Backend { return pgBackend(b) }},
-		{"idem-redis", func(b *testing.B) idem.Backend {
+		{"idem-postgres", func(b *testing.B) backend.Backend { return pgBackend(b) }},
+		{"idem-redis", func(b *testing.B) backend.Backend {
 			return redis.New(redisClient(b), redis.Options{Prefix: uniqueName("idembench:") + ":"})
 		}},
 	} {

@@ -1,4 +1,4 @@
-// Package bolt is an idem.Backend in a single bbolt file: restart-safe and
+// Package bolt is an backend.Backend in a single bbolt file: restart-safe and
 // crash-safe for one process.
 //
 // Every write is durable (fsynced) before it returns: a claim before fn runs,
@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	bbolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -44,7 +45,7 @@ var (
 
 var (
 	bucketMeta    = []byte("idem.meta")
-	bucketRecords = []byte("idem.records") // key -> idem.Record.MarshalBinary
+	bucketRecords = []byte("idem.records") // key -> backend.Record.MarshalBinary
 	bucketExpiry  = []byte("idem.expiry")  // 8-byte big-endian ExpiresAt (Unix ns) + key -> empty: completed records, soonest first
 	bucketPending = []byte("idem.pending") // 8-byte big-endian CreatedAt (Unix ns) + key -> empty: claims not yet settled
 
@@ -57,7 +58,7 @@ var (
 // its outcome is recorded.
 var testHookBeforeComplete func()
 
-// Backend is an idem.Backend over one bbolt file. Open it with Open and close
+// Backend is an backend.Backend over one bbolt file. Open it with Open and close
 // it after the Stores that use it. It is safe for concurrent use.
 type Backend struct {
 	db          *bbolt.DB
@@ -69,7 +70,7 @@ type Backend struct {
 	exited chan struct{} // closed when the committer has drained reqs
 }
 
-var _ idem.Backend = (*Backend)(nil)
+var _ backend.Backend = (*Backend)(nil)
 
 // Open opens, or creates, the database file at path. A nil opts means the
 // defaults. A file that is not a bbolt database, or is truncated or corrupt,
@@ -170,8 +171,8 @@ func initialize(db *bbolt.DB) (interrupted int, err error) {
 				// A record that cannot be read is left as it is, for the
 				// operator to forget; one that is not pending is settled.
 				rec, err := decode(pk[8:], records.Get(pk[8:]))
-				if err == nil && rec.State == idem.StatePending {
-					rec.State = idem.StateInterrupted
+				if err == nil && rec.State == backend.StatePending {
+					rec.State = backend.StateInterrupted
 					if err := put(records, rec); err != nil {
 						return err
 					}
@@ -237,23 +238,23 @@ func (b *Backend) read(ctx context.Context, fn func(*bbolt.Tx) error) error {
 	return view(b.db, fn)
 }
 
-func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 	// Most claims of a known key are replays: answer them from a read
 	// transaction, which costs no commit. Only a claim that may write goes
 	// to the committer, which looks again under the write lock.
 	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil || ok {
 		return old, false, err
 	}
-	rec = idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: idem.StatePending, CreatedAt: now}
+	rec = backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: backend.StatePending, CreatedAt: now}
 	if lease > 0 {
 		rec.LeaseUntil = now.Add(lease)
 	}
 	enc, err := rec.MarshalBinary()
 	if err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	key := []byte(rec.Key)
-	var found idem.Record
+	var found backend.Record
 	won := false
 	err = b.write(ctx, func(tx *bbolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
@@ -277,12 +278,12 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, now time.Time, lea
 		return tx.Bucket(bucketPending).Put(pendingKey(rec), nil)
 	})
 	if err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	return found, won, nil
 }
 
-func (b *Backend) Complete(ctx context.Context, rec idem.Record, now time.Time, ttl time.Duration) error {
+func (b *Backend) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
 	if testHookBeforeComplete != nil {
 		testHookBeforeComplete()
 	}
@@ -294,7 +295,7 @@ func (b *Backend) Complete(ctx context.Context, rec idem.Record, now time.Time, 
 			return err
 		}
 		done := claim
-		done.State, done.ExpiresAt, done.LeaseUntil = idem.StateCompleted, now.Add(ttl), time.Time{}
+		done.State, done.ExpiresAt, done.LeaseUntil = backend.StateCompleted, now.Add(ttl), time.Time{}
 		done.Value, done.Failed, done.ErrMsg = rec.Value, rec.Failed, rec.ErrMsg
 		if err := put(records, done); err != nil {
 			return err
@@ -322,24 +323,24 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 }
 
 // checkOwner returns key's record if it is an unsettled claim held by token,
-// and an error matching idem.ErrNotOwner otherwise.
-func checkOwner(records *bbolt.Bucket, key []byte, token string) (idem.Record, error) {
+// and an error matching backend.ErrNotOwner otherwise.
+func checkOwner(records *bbolt.Bucket, key []byte, token string) (backend.Record, error) {
 	v := records.Get(key)
 	if v == nil {
-		return idem.Record{}, fmt.Errorf("%w: key %q has no record", idem.ErrNotOwner, key)
+		return backend.Record{}, fmt.Errorf("%w: key %q has no record", backend.ErrNotOwner, key)
 	}
 	old, err := decode(key, v)
 	if err != nil {
-		return idem.Record{}, err
+		return backend.Record{}, err
 	}
-	if old.Token != token || old.State == idem.StateCompleted {
-		return idem.Record{}, fmt.Errorf("%w: key %q is %s under another claim", idem.ErrNotOwner, key, old.State)
+	if old.Token != token || old.State == backend.StateCompleted {
+		return backend.Record{}, fmt.Errorf("%w: key %q is %s under another claim", backend.ErrNotOwner, key, old.State)
 	}
 	return old, nil
 }
 
-func (b *Backend) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
-	var rec idem.Record
+func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
+	var rec backend.Record
 	found := false
 	err := b.read(ctx, func(tx *bbolt.Tx) error {
 		v := tx.Bucket(bucketRecords).Get([]byte(key))
@@ -364,8 +365,8 @@ func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, l
 		if err != nil {
 			return err
 		}
-		if claim.State != idem.StatePending || claim.Lapsed(now) {
-			return fmt.Errorf("%w: key %q is %s, its lease until %v", idem.ErrNotOwner, key, claim.State, claim.LeaseUntil)
+		if claim.State != backend.StatePending || claim.Lapsed(now) {
+			return fmt.Errorf("%w: key %q is %s, its lease until %v", backend.ErrNotOwner, key, claim.State, claim.LeaseUntil)
 		}
 		claim.LeaseUntil = now.Add(lease)
 		return put(records, claim)
@@ -385,13 +386,13 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 			return records.Delete(k) // unreadable: the operator may still clear it
 		}
 		switch {
-		case old.State == idem.StatePending && !old.Lapsed(now):
+		case old.State == backend.StatePending && !old.Lapsed(now):
 			return fmt.Errorf("%w: key %q is claimed and not yet settled", idem.ErrInProgress, key)
-		case old.State == idem.StatePending:
+		case old.State == backend.StatePending:
 			if err := tx.Bucket(bucketPending).Delete(pendingKey(old)); err != nil {
 				return err
 			}
-		case old.State == idem.StateCompleted:
+		case old.State == backend.StateCompleted:
 			if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
 				return err
 			}
@@ -417,7 +418,7 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 			// Delete the record only if this entry is still its expiry: an
 			// entry the record has outlived must not take a newer claim.
 			if v := records.Get(k[8:]); v != nil {
-				if rec, err := decode(k[8:], v); err == nil && rec.State == idem.StateCompleted && bytes.Equal(expiryKey(rec), k) {
+				if rec, err := decode(k[8:], v); err == nil && rec.State == backend.StateCompleted && bytes.Equal(expiryKey(rec), k) {
 					if err := records.Delete(k[8:]); err != nil {
 						return err
 					}
@@ -435,7 +436,7 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 
 // Each calls fn for every record, in key order, in one read transaction,
 // stopping at fn's first error. It is for inspection: fn must not call b.
-func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
+func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
 	return b.read(ctx, func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketRecords).ForEach(func(k, v []byte) error {
 			if err := ctx.Err(); err != nil {
@@ -452,8 +453,8 @@ func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
 
 // expiryKey is rec's key in the expiry index, pendingKey its key in the
 // pending index: a time, then the record's key.
-func expiryKey(rec idem.Record) []byte  { return timeKey(rec.ExpiresAt, rec.Key) }
-func pendingKey(rec idem.Record) []byte { return timeKey(rec.CreatedAt, rec.Key) }
+func expiryKey(rec backend.Record) []byte  { return timeKey(rec.ExpiresAt, rec.Key) }
+func pendingKey(rec backend.Record) []byte { return timeKey(rec.CreatedAt, rec.Key) }
 
 // timeKey puts t first, big-endian, so that byte order is time order: a
 // sweep finds what expired at the start of its index, and new entries land
@@ -469,8 +470,8 @@ func expiryTime(k []byte) time.Time {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(k)))
 }
 
-func decode(key, v []byte) (idem.Record, error) {
-	var rec idem.Record
+func decode(key, v []byte) (backend.Record, error) {
+	var rec backend.Record
 	if v == nil {
 		return rec, fmt.Errorf("%w: no record for %q", ErrCorrupt, key)
 	}
@@ -480,7 +481,7 @@ func decode(key, v []byte) (idem.Record, error) {
 	return rec, nil
 }
 
-func put(records *bbolt.Bucket, rec idem.Record) error {
+func put(records *bbolt.Bucket, rec backend.Record) error {
 	enc, err := rec.MarshalBinary()
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	bbolt "go.etcd.io/bbolt"
@@ -103,7 +104,7 @@ func TestClosedBackend(t *testing.T) {
 	require.NoError(t, b.Close())
 	require.NoError(t, b.Close(), "Close is idempotent")
 	ctx := context.Background()
-	_, _, err := b.Claim(ctx, idem.Record{Key: "k", State: idem.StatePending}, time.Now(), time.Minute)
+	_, _, err := b.Claim(ctx, backend.Record{Key: "k", State: backend.StatePending}, time.Now(), time.Minute)
 	assert.ErrorIs(t, err, idem.ErrClosed)
 	_, _, err = b.Get(ctx, "k", time.Now())
 	assert.ErrorIs(t, err, idem.ErrClosed)

@@ -8,7 +8,7 @@ import (
 )
 
 // An op is one write, run inside a shared write transaction. It returns its
-// own result as an error (nil, idem.ErrNotOwner, ...) and must either make
+// own result as an error (nil, backend.ErrNotOwner, ...) and must either make
 // all its changes or none, so that one op's refusal never spoils the others
 // in its transaction.
 type op func(tx *bbolt.Tx) error

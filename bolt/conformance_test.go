@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/require"
 )
@@ -21,7 +21,7 @@ func openTemp(t testing.TB, opts *Options) (*Backend, string) {
 }
 
 func TestConformance(t *testing.T) {
-	idemtest.Run(t, func(t *testing.T) idem.Backend {
+	idemtest.Run(t, func(t *testing.T) backend.Backend {
 		b, _ := openTemp(t, nil)
 		return b
 	})

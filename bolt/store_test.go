@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -168,7 +169,7 @@ func TestSweepKeepsFileBounded(t *testing.T) {
 		sizes[r] = fi.Size()
 	}
 	count := 0
-	require.NoError(t, b.Each(ctx, func(idem.Record) error { count++; return nil }))
+	require.NoError(t, b.Each(ctx, func(backend.Record) error { count++; return nil }))
 	assert.Zero(t, count, "swept records must leave the file")
 	t.Logf("file size by round: %v", sizes)
 	assert.Equal(t, sizes[3], sizes[rounds-1], "the file kept growing under a steady load")
@@ -192,7 +193,7 @@ func TestEpochClockRoundTrips(t *testing.T) {
 	rec, ok, err := b.Get(context.Background(), "k", epoch)
 	require.NoError(t, err)
 	require.True(t, ok)
-	assert.Equal(t, idem.StateCompleted, rec.State)
+	assert.Equal(t, backend.StateCompleted, rec.State)
 	assert.True(t, rec.CreatedAt.Equal(epoch))
 }
 

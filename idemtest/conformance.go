@@ -1,5 +1,5 @@
 // Package idemtest helps test code built on idem: a conformance suite that
-// every idem.Backend must pass, an in-memory reference Backend, and a
+// every backend.Backend must pass, an in-memory reference Backend, and a
 // wrapper that injects backend failures.
 package idemtest
 
@@ -14,12 +14,13 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // Run checks that the Backend made by newBackend keeps the contract
-// documented on idem.Backend. newBackend is called once per subtest and must
+// documented on backend.Backend. newBackend is called once per subtest and must
 // return an empty backend; register its cleanup with t.Cleanup.
 //
 // The suite runs on the real clock, with leases and TTLs of a fraction of a
@@ -27,10 +28,10 @@ import (
 // judges time by its own server's clock as well as one that takes the now
 // it is given (which the suite passes as time.Now()). A shared backend also
 // runs RunShared.
-func Run(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
+func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 	for _, tc := range []struct {
 		name string
-		test func(*testing.T, idem.Backend)
+		test func(*testing.T, backend.Backend)
 	}{
 		{"ClaimHasOneWinner", testClaimHasOneWinner},
 		{"ClaimReturnsExisting", testClaimReturnsExisting},
@@ -71,31 +72,31 @@ func token() string {
 
 // request returns what a Store passes to Claim for key: its fingerprint and
 // a fresh token.
-func request(key string) idem.Record {
-	return idem.Record{Key: key, Fingerprint: idem.Fingerprint{1, 2, 3, byte(len(key))}, Token: token(), State: idem.StatePending}
+func request(key string) backend.Record {
+	return backend.Record{Key: key, Fingerprint: idem.Fingerprint{1, 2, 3, byte(len(key))}, Token: token(), State: backend.StatePending}
 }
 
 // claimKey claims key with the given lease, requires that the claim won, and
 // returns the record Claim returned.
-func claimKey(t *testing.T, b idem.Backend, key string, lease time.Duration) idem.Record {
+func claimKey(t *testing.T, b backend.Backend, key string, lease time.Duration) backend.Record {
 	t.Helper()
 	req := request(key)
 	got, won, err := b.Claim(context.Background(), req, time.Now(), lease)
 	require.NoError(t, err)
 	require.True(t, won, "claim of a free key %q", key)
 	assert.Equal(t, req.Token, got.Token, "the claimed record holds the claim's token")
-	assert.Equal(t, idem.StatePending, got.State)
+	assert.Equal(t, backend.StatePending, got.State)
 	return got
 }
 
 // outcome returns claim's record with an outcome to complete it with.
-func outcome(claim idem.Record, value string) idem.Record {
+func outcome(claim backend.Record, value string) backend.Record {
 	claim.Value = []byte(value)
 	return claim
 }
 
 // claimAndComplete stores a completed record for key, expiring after ttl.
-func claimAndComplete(t *testing.T, b idem.Backend, key, value string, ttl time.Duration) idem.Record {
+func claimAndComplete(t *testing.T, b backend.Backend, key, value string, ttl time.Duration) backend.Record {
 	t.Helper()
 	claim := claimKey(t, b, key, lease)
 	require.NoError(t, b.Complete(context.Background(), outcome(claim, value), time.Now(), ttl))
@@ -103,7 +104,7 @@ func claimAndComplete(t *testing.T, b idem.Backend, key, value string, ttl time.
 }
 
 // get returns key's record, and whether there is one.
-func get(t *testing.T, b idem.Backend, key string) (idem.Record, bool) {
+func get(t *testing.T, b backend.Backend, key string) (backend.Record, bool) {
 	t.Helper()
 	rec, ok, err := b.Get(context.Background(), key, time.Now())
 	require.NoError(t, err)
@@ -124,22 +125,22 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 }
 
 // assertOutcome checks that rec is claim's record completed with value.
-func assertOutcome(t *testing.T, claim idem.Record, value string, rec idem.Record) {
+func assertOutcome(t *testing.T, claim backend.Record, value string, rec backend.Record) {
 	t.Helper()
 	assert.Equal(t, claim.Key, rec.Key, "Key")
 	assert.Equal(t, claim.Fingerprint, rec.Fingerprint, "Fingerprint")
 	assert.Equal(t, claim.Token, rec.Token, "Token")
-	assert.Equal(t, idem.StateCompleted, rec.State, "State")
+	assert.Equal(t, backend.StateCompleted, rec.State, "State")
 	assert.Equal(t, value, string(rec.Value), "Value")
 	assert.False(t, rec.ExpiresAt.IsZero(), "a completed record has an expiry")
 	assert.True(t, rec.LeaseUntil.IsZero(), "a completed record has no lease")
 }
 
-func testClaimHasOneWinner(t *testing.T, b idem.Backend) {
+func testClaimHasOneWinner(t *testing.T, b backend.Backend) {
 	const claimers = 100
 	start := make(chan struct{})
 	type result struct {
-		req, got idem.Record
+		req, got backend.Record
 		won      bool
 		err      error
 	}
@@ -173,7 +174,7 @@ func testClaimHasOneWinner(t *testing.T, b idem.Backend) {
 	}
 }
 
-func testClaimReturnsExisting(t *testing.T, b idem.Backend) {
+func testClaimReturnsExisting(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	first := claimKey(t, b, "k", lease)
 	assert.False(t, first.CreatedAt.IsZero(), "a claim has a creation time")
@@ -183,7 +184,7 @@ func testClaimReturnsExisting(t *testing.T, b idem.Backend) {
 	require.NoError(t, err)
 	assert.False(t, won, "a pending record is never taken over by Claim")
 	assert.Equal(t, first.Token, got.Token)
-	assert.Equal(t, idem.StatePending, got.State)
+	assert.Equal(t, backend.StatePending, got.State)
 	assert.Equal(t, first.Fingerprint, got.Fingerprint)
 
 	require.NoError(t, b.Complete(ctx, outcome(first, "v"), time.Now(), ttl))
@@ -194,32 +195,32 @@ func testClaimReturnsExisting(t *testing.T, b idem.Backend) {
 	assert.InDelta(t, float64(ttl), float64(got.ExpiresAt.Sub(first.CreatedAt)), float64(5*time.Second), "the outcome expires a TTL after it was recorded")
 }
 
-func testCompleteChecksToken(t *testing.T, b idem.Backend) {
+func testCompleteChecksToken(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	claim := claimKey(t, b, "k", lease)
 
 	stale := outcome(claim, "stale")
 	stale.Token = token()
-	assert.ErrorIs(t, b.Complete(ctx, stale, time.Now(), ttl), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Complete(ctx, stale, time.Now(), ttl), backend.ErrNotOwner)
 	got, _ := get(t, b, "k")
-	assert.Equal(t, idem.StatePending, got.State, "a refused Complete changed the record")
+	assert.Equal(t, backend.StatePending, got.State, "a refused Complete changed the record")
 	assert.Equal(t, claim.Token, got.Token)
 
 	require.NoError(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl))
-	assert.ErrorIs(t, b.Complete(ctx, outcome(claim, "overwrite"), time.Now(), ttl), idem.ErrNotOwner, "a completed record is final")
+	assert.ErrorIs(t, b.Complete(ctx, outcome(claim, "overwrite"), time.Now(), ttl), backend.ErrNotOwner, "a completed record is final")
 	got, _ = get(t, b, "k")
 	assertOutcome(t, claim, "v", got)
 
 	missing := outcome(request("absent"), "v")
-	assert.ErrorIs(t, b.Complete(ctx, missing, time.Now(), ttl), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Complete(ctx, missing, time.Now(), ttl), backend.ErrNotOwner)
 	_, ok := get(t, b, "absent")
 	assert.False(t, ok, "Complete of an absent key must not create it")
 }
 
-func testReleaseChecksToken(t *testing.T, b idem.Backend) {
+func testReleaseChecksToken(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	claim := claimKey(t, b, "k", lease)
-	assert.ErrorIs(t, b.Release(ctx, "k", token()), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Release(ctx, "k", token()), backend.ErrNotOwner)
 	_, ok := get(t, b, "k")
 	require.True(t, ok, "a refused release deleted the record")
 
@@ -229,26 +230,26 @@ func testReleaseChecksToken(t *testing.T, b idem.Backend) {
 	claimKey(t, b, "k", lease) // a released key can be claimed again
 
 	done := claimAndComplete(t, b, "done", "v", ttl)
-	assert.ErrorIs(t, b.Release(ctx, "done", done.Token), idem.ErrNotOwner, "a completed record cannot be released")
-	assert.ErrorIs(t, b.Release(ctx, "absent", token()), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Release(ctx, "done", done.Token), backend.ErrNotOwner, "a completed record cannot be released")
+	assert.ErrorIs(t, b.Release(ctx, "absent", token()), backend.ErrNotOwner)
 }
 
-func testRenewChecksToken(t *testing.T, b idem.Backend) {
+func testRenewChecksToken(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	claim := claimKey(t, b, "k", lease)
-	assert.ErrorIs(t, b.Renew(ctx, "k", token(), time.Now(), 2*lease), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Renew(ctx, "k", token(), time.Now(), 2*lease), backend.ErrNotOwner)
 	require.NoError(t, b.Renew(ctx, "k", claim.Token, time.Now(), 2*lease))
 	got, _ := get(t, b, "k")
-	assert.Equal(t, idem.StatePending, got.State)
+	assert.Equal(t, backend.StatePending, got.State)
 	assert.True(t, got.LeaseUntil.After(claim.LeaseUntil.Add(lease/2)), "the lease was extended: was %v, now %v", claim.LeaseUntil, got.LeaseUntil)
 	assert.Equal(t, claim.CreatedAt.UnixMilli(), got.CreatedAt.UnixMilli(), "renewal keeps the creation time")
 
 	require.NoError(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl))
-	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), idem.ErrNotOwner, "a completed record has no lease to renew")
-	assert.ErrorIs(t, b.Renew(ctx, "absent", claim.Token, time.Now(), lease), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), backend.ErrNotOwner, "a completed record has no lease to renew")
+	assert.ErrorIs(t, b.Renew(ctx, "absent", claim.Token, time.Now(), lease), backend.ErrNotOwner)
 }
 
-func testRecordsRoundTrip(t *testing.T, b idem.Backend) {
+func testRecordsRoundTrip(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	every := make([]byte, 256)
 	for i := range every {
@@ -282,7 +283,7 @@ func testRecordsRoundTrip(t *testing.T, b idem.Backend) {
 			assert.Equal(t, tc.key, got.Key)
 			assert.Equal(t, req.Fingerprint, got.Fingerprint)
 			assert.Equal(t, req.Token, got.Token)
-			assert.Equal(t, idem.StateCompleted, got.State)
+			assert.Equal(t, backend.StateCompleted, got.State)
 			assert.Equal(t, len(tc.value), len(got.Value), "len(Value)")
 			assert.True(t, string(tc.value) == string(got.Value), "Value differs")
 			assert.Equal(t, tc.failed, got.Failed, "Failed")
@@ -292,7 +293,7 @@ func testRecordsRoundTrip(t *testing.T, b idem.Backend) {
 	}
 }
 
-func testManyKeysConcurrently(t *testing.T, b idem.Backend) {
+func testManyKeysConcurrently(t *testing.T, b backend.Backend) {
 	const workers, keys = 16, 50
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)

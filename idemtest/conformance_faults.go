@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // What a Store relies on to settle a write whose reply was lost: it repeats
 // the write, or reads the record back, and compares tokens.
-func testRepeatedWrites(t *testing.T, b idem.Backend) {
+func testRepeatedWrites(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	req := request("k")
 	claim, won, err := b.Claim(ctx, req, time.Now(), lease)
@@ -23,11 +23,11 @@ func testRepeatedWrites(t *testing.T, b idem.Backend) {
 	again, _, err := b.Claim(ctx, req, time.Now(), lease)
 	require.NoError(t, err)
 	assert.Equal(t, req.Token, again.Token, "a repeated claim must return the record that holds its own token")
-	assert.Equal(t, idem.StatePending, again.State)
+	assert.Equal(t, backend.StatePending, again.State)
 
 	// A Complete sent again finds its own outcome recorded.
 	require.NoError(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl))
-	assert.ErrorIs(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), ttl), backend.ErrNotOwner)
 	rec, ok := get(t, b, "k")
 	require.True(t, ok)
 	assertOutcome(t, claim, "v", rec)
@@ -35,13 +35,13 @@ func testRepeatedWrites(t *testing.T, b idem.Backend) {
 	// A Release sent again finds the key free.
 	other := claimKey(t, b, "other", lease)
 	require.NoError(t, b.Release(ctx, "other", other.Token))
-	assert.ErrorIs(t, b.Release(ctx, "other", other.Token), idem.ErrNotOwner)
+	assert.ErrorIs(t, b.Release(ctx, "other", other.Token), backend.ErrNotOwner)
 	_, ok = get(t, b, "other")
 	assert.False(t, ok)
 }
 
 // A call whose context is already done returns an error and writes nothing.
-func testCancelledContext(t *testing.T, b idem.Backend) {
+func testCancelledContext(t *testing.T, b backend.Backend) {
 	live := claimKey(t, b, "live", lease)
 	done := claimAndComplete(t, b, "done", "v", ttl)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -62,7 +62,7 @@ func testCancelledContext(t *testing.T, b idem.Backend) {
 	_, ok := get(t, b, "new")
 	assert.False(t, ok, "a cancelled Claim wrote a record")
 	rec, _ := get(t, b, "live")
-	assert.Equal(t, idem.StatePending, rec.State, "a cancelled Complete or Release changed the claim")
+	assert.Equal(t, backend.StatePending, rec.State, "a cancelled Complete or Release changed the claim")
 	assert.Equal(t, live.LeaseUntil.UnixMilli(), rec.LeaseUntil.UnixMilli(), "a cancelled Renew moved the lease")
 	rec, _ = get(t, b, "done")
 	assertOutcome(t, done, "v", rec)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -15,7 +16,7 @@ import (
 // caller passes. Stores on hosts whose clocks are off by a minute either way
 // must not take over a live claim, forget it, or see a remembered outcome
 // as expired.
-func RunShared(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
+func RunShared(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 	Run(t, newBackend)
 	t.Run("ServerClock", func(t *testing.T) {
 		for _, skew := range []time.Duration{time.Minute, -time.Minute, 24 * time.Hour} {
@@ -24,7 +25,7 @@ func RunShared(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
 	})
 }
 
-func testServerClock(t *testing.T, b idem.Backend, skew time.Duration) {
+func testServerClock(t *testing.T, b backend.Backend, skew time.Duration) {
 	ctx := context.Background()
 	skewed := func() time.Time { return time.Now().Add(skew) }
 
@@ -40,10 +41,10 @@ func testServerClock(t *testing.T, b idem.Backend, skew time.Duration) {
 	got, won, err := b.Claim(ctx, request("live"), skewed(), 10*time.Second)
 	require.NoError(t, err)
 	assert.False(t, won)
-	assert.Equal(t, idem.StatePending, got.State, "a live lease read as lapsed by a skewed caller")
+	assert.Equal(t, backend.StatePending, got.State, "a live lease read as lapsed by a skewed caller")
 	got, _, err = b.Get(ctx, "live", skewed())
 	require.NoError(t, err)
-	assert.Equal(t, idem.StatePending, got.State)
+	assert.Equal(t, backend.StatePending, got.State)
 	assert.ErrorIs(t, b.Forget(ctx, "live", skewed()), idem.ErrInProgress, "a skewed Forget deleted a live claim")
 	require.NoError(t, b.Renew(ctx, "live", req.Token, skewed(), 10*time.Second), "a live lease refused renewal")
 

@@ -8,29 +8,30 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // Leases and expiry, on the real clock.
 
-func testLapsedLeaseIsInterrupted(t *testing.T, b idem.Backend) {
+func testLapsedLeaseIsInterrupted(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	claim := claimKey(t, b, "k", shortLease)
 	// Until the lease lapses the claim is pending and cannot be forgotten;
 	// the lease is short, so only check while it surely holds.
 	if rec, _ := get(t, b, "k"); time.Since(claim.CreatedAt) < shortLease/3 {
-		assert.Equal(t, idem.StatePending, rec.State)
+		assert.Equal(t, backend.StatePending, rec.State)
 	}
-	eventually(t, func() bool { rec, _ := get(t, b, "k"); return rec.State == idem.StateInterrupted },
+	eventually(t, func() bool { rec, _ := get(t, b, "k"); return rec.State == backend.StateInterrupted },
 		"a pending record whose lease lapsed must read as interrupted")
 
 	got, won, err := b.Claim(ctx, request("k"), time.Now(), lease)
 	require.NoError(t, err)
 	assert.False(t, won, "an interrupted record is never taken over by Claim")
-	assert.Equal(t, idem.StateInterrupted, got.State)
+	assert.Equal(t, backend.StateInterrupted, got.State)
 	assert.Equal(t, claim.Token, got.Token)
-	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), idem.ErrNotOwner, "a lapsed lease must not come back to life")
+	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), backend.ErrNotOwner, "a lapsed lease must not come back to life")
 	require.NoError(t, b.Forget(ctx, "k", time.Now()), "an interrupted claim can be forgotten")
 	_, ok := get(t, b, "k")
 	assert.False(t, ok)
@@ -38,20 +39,20 @@ func testLapsedLeaseIsInterrupted(t *testing.T, b idem.Backend) {
 	// A lease finer than the backend keeps is rounded up, never down to
 	// "no lease", which would leave the key pending for good.
 	claimKey(t, b, "tiny", 900*time.Microsecond)
-	eventually(t, func() bool { rec, _ := get(t, b, "tiny"); return rec.State == idem.StateInterrupted },
+	eventually(t, func() bool { rec, _ := get(t, b, "tiny"); return rec.State == backend.StateInterrupted },
 		"a 900 µs lease must lapse")
 }
 
 // An interrupted claim's owner may still record its outcome or release it:
 // the token is what fences it, not the lease.
-func testInterruptedCanBeSettled(t *testing.T, b idem.Backend) {
+func testInterruptedCanBeSettled(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	late := claimKey(t, b, "late", shortLease)
 	gone := claimKey(t, b, "gone", shortLease)
 	eventually(t, func() bool {
 		a, _ := get(t, b, "late")
 		c, _ := get(t, b, "gone")
-		return a.State == idem.StateInterrupted && c.State == idem.StateInterrupted
+		return a.State == backend.StateInterrupted && c.State == backend.StateInterrupted
 	}, "the leases lapse")
 	require.NoError(t, b.Complete(ctx, outcome(late, "v"), time.Now(), ttl))
 	rec, _ := get(t, b, "late")
@@ -61,7 +62,7 @@ func testInterruptedCanBeSettled(t *testing.T, b idem.Backend) {
 	assert.False(t, ok)
 }
 
-func testCompletedRecordExpires(t *testing.T, b idem.Backend) {
+func testCompletedRecordExpires(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	done := claimAndComplete(t, b, "k", "v", shortTTL)
 	if time.Since(done.CreatedAt) < shortTTL/3 {
@@ -75,12 +76,12 @@ func testCompletedRecordExpires(t *testing.T, b idem.Backend) {
 	require.NoError(t, err)
 	assert.True(t, won, "an expired record must give way to a new claim")
 	assert.Equal(t, fresh.Token, got.Token)
-	assert.Equal(t, idem.StatePending, got.State)
+	assert.Equal(t, backend.StatePending, got.State)
 	assert.Empty(t, got.Value, "the new claim holds none of the old outcome")
 }
 
 // Of many concurrent claims of an expired key, exactly one takes it over.
-func testExpiredTakeoverHasOneWinner(t *testing.T, b idem.Backend) {
+func testExpiredTakeoverHasOneWinner(t *testing.T, b backend.Backend) {
 	claimAndComplete(t, b, "k", "old", shortTTL)
 	eventually(t, func() bool { _, ok := get(t, b, "k"); return !ok }, "the record expires")
 	const claimers = 50
@@ -117,7 +118,7 @@ func testExpiredTakeoverHasOneWinner(t *testing.T, b idem.Backend) {
 
 // A claim that took over an expired record must not be swept with the old
 // record's expiry.
-func testSweepSparesClaimOverExpired(t *testing.T, b idem.Backend) {
+func testSweepSparesClaimOverExpired(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	claimAndComplete(t, b, "k", "old", shortTTL)
 	eventually(t, func() bool { _, ok := get(t, b, "k"); return !ok }, "the record expires")
@@ -129,7 +130,7 @@ func testSweepSparesClaimOverExpired(t *testing.T, b idem.Backend) {
 	assert.Equal(t, fresh.Token, got.Token)
 }
 
-func testSweepDeletesExpiredOnly(t *testing.T, b idem.Backend) {
+func testSweepDeletesExpiredOnly(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	for i := range 10 {
 		claimAndComplete(t, b, fmt.Sprint("short-", i), "v", shortTTL)
@@ -143,7 +144,7 @@ func testSweepDeletesExpiredOnly(t *testing.T, b idem.Backend) {
 			}
 		}
 		rec, _ := get(t, b, "pending")
-		return rec.State == idem.StateInterrupted
+		return rec.State == backend.StateInterrupted
 	}, "the short records expire and the pending lease lapses")
 
 	n, err := b.Sweep(ctx, time.Now(), 4)
@@ -161,7 +162,7 @@ func testSweepDeletesExpiredOnly(t *testing.T, b idem.Backend) {
 	}
 }
 
-func testGetAndForget(t *testing.T, b idem.Backend) {
+func testGetAndForget(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	_, ok := get(t, b, "absent")
 	assert.False(t, ok)
@@ -187,11 +188,11 @@ const century = 100 * 365 * 24 * time.Hour
 
 // A century-long lease and TTL, what a Store sends for "for ever", must
 // not overflow into the past.
-func testCenturyLongDurations(t *testing.T, b idem.Backend) {
+func testCenturyLongDurations(t *testing.T, b backend.Backend) {
 	ctx := context.Background()
 	claim := claimKey(t, b, "k", century)
 	rec, _ := get(t, b, "k")
-	assert.Equal(t, idem.StatePending, rec.State, "a century-long lease lapsed at once")
+	assert.Equal(t, backend.StatePending, rec.State, "a century-long lease lapsed at once")
 	require.NoError(t, b.Renew(ctx, "k", claim.Token, time.Now(), century))
 	require.NoError(t, b.Complete(ctx, outcome(claim, "v"), time.Now(), century))
 	got, won, err := b.Claim(ctx, request("k"), time.Now(), lease)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
 // Faulty wraps a Backend and fails the operations its functions pick. Both
@@ -12,7 +12,7 @@ import (
 // "Renew", "Get", "Forget", "Sweep"); a nil function, or a nil error from
 // it, lets the call through. They must be safe for concurrent use.
 type Faulty struct {
-	idem.Backend
+	backend.Backend
 
 	// Fail fails an operation before it reaches the wrapped backend: an
 	// unreachable database, a full disk.
@@ -24,7 +24,7 @@ type Faulty struct {
 	Lose func(op string) error
 }
 
-var _ idem.Backend = Faulty{}
+var _ backend.Backend = Faulty{}
 
 func (f Faulty) fail(op string) error {
 	if f.Fail == nil {
@@ -41,18 +41,18 @@ func (f Faulty) lose(op string) error {
 	return f.Lose(op)
 }
 
-func (f Faulty) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+func (f Faulty) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 	if err := f.fail("Claim"); err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	got, won, err := f.Backend.Claim(ctx, rec, now, lease)
 	if lerr := f.lose("Claim"); lerr != nil {
-		return idem.Record{}, false, lerr
+		return backend.Record{}, false, lerr
 	}
 	return got, won, err
 }
 
-func (f Faulty) Complete(ctx context.Context, rec idem.Record, now time.Time, ttl time.Duration) error {
+func (f Faulty) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
 	if err := f.fail("Complete"); err != nil {
 		return err
 	}
@@ -74,13 +74,13 @@ func (f Faulty) Release(ctx context.Context, key, token string) error {
 	return err
 }
 
-func (f Faulty) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
+func (f Faulty) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
 	if err := f.fail("Get"); err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	rec, ok, err := f.Backend.Get(ctx, key, now)
 	if lerr := f.lose("Get"); lerr != nil {
-		return idem.Record{}, false, lerr
+		return backend.Record{}, false, lerr
 	}
 	return rec, ok, err
 }

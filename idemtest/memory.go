@@ -7,28 +7,29 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
-// MemoryBackend is an idem.Backend that keeps records in a map: the
+// MemoryBackend is an backend.Backend that keeps records in a map: the
 // reference that the conformance suite is checked against, and a stand-in
 // for a durable backend in tests. It survives a Store being closed and
 // reopened on it, and Crash makes it look as a durable backend does after
 // its process died. It is safe for concurrent use.
 type MemoryBackend struct {
 	mu      sync.Mutex
-	records map[string]idem.Record // guarded by mu; values own their bytes
+	records map[string]backend.Record // guarded by mu; values own their bytes
 }
 
-var _ idem.Backend = (*MemoryBackend)(nil)
+var _ backend.Backend = (*MemoryBackend)(nil)
 
 // NewMemoryBackend returns an empty MemoryBackend.
 func NewMemoryBackend() *MemoryBackend {
-	return &MemoryBackend{records: make(map[string]idem.Record)}
+	return &MemoryBackend{records: make(map[string]backend.Record)}
 }
 
-func (m *MemoryBackend) Claim(ctx context.Context, rec idem.Record, now time.Time, lease time.Duration) (idem.Record, bool, error) {
+func (m *MemoryBackend) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -37,7 +38,7 @@ func (m *MemoryBackend) Claim(ctx context.Context, rec idem.Record, now time.Tim
 			return clone(seen), false, nil
 		}
 	}
-	claim := idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: idem.StatePending, CreatedAt: now}
+	claim := backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: backend.StatePending, CreatedAt: now}
 	if lease > 0 {
 		claim.LeaseUntil = now.Add(lease)
 	}
@@ -45,17 +46,17 @@ func (m *MemoryBackend) Claim(ctx context.Context, rec idem.Record, now time.Tim
 	return claim, true, nil
 }
 
-func (m *MemoryBackend) Complete(ctx context.Context, rec idem.Record, now time.Time, ttl time.Duration) error {
+func (m *MemoryBackend) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.ownedLocked(rec.Key, rec.Token) {
-		return idem.ErrNotOwner
+		return backend.ErrNotOwner
 	}
 	done := m.records[rec.Key]
-	done.State, done.ExpiresAt, done.LeaseUntil = idem.StateCompleted, now.Add(ttl), time.Time{}
+	done.State, done.ExpiresAt, done.LeaseUntil = backend.StateCompleted, now.Add(ttl), time.Time{}
 	done.Value, done.Failed, done.ErrMsg = rec.Value, rec.Failed, rec.ErrMsg
 	m.records[rec.Key] = clone(done)
 	return nil
@@ -68,7 +69,7 @@ func (m *MemoryBackend) Release(ctx context.Context, key, token string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.ownedLocked(key, token) {
-		return idem.ErrNotOwner
+		return backend.ErrNotOwner
 	}
 	delete(m.records, key)
 	return nil
@@ -78,18 +79,18 @@ func (m *MemoryBackend) Release(ctx context.Context, key, token string) error {
 // token. The caller holds mu.
 func (m *MemoryBackend) ownedLocked(key, token string) bool {
 	old, ok := m.records[key]
-	return ok && old.Token == token && old.State != idem.StateCompleted
+	return ok && old.Token == token && old.State != backend.StateCompleted
 }
 
-func (m *MemoryBackend) Get(ctx context.Context, key string, now time.Time) (idem.Record, bool, error) {
+func (m *MemoryBackend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[key]
 	if !ok {
-		return idem.Record{}, false, nil
+		return backend.Record{}, false, nil
 	}
 	rec, ok = rec.SeenAt(now)
 	return clone(rec), ok, nil
@@ -102,8 +103,8 @@ func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now time.T
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[key]
-	if !ok || rec.Token != token || rec.State != idem.StatePending || rec.Lapsed(now) {
-		return idem.ErrNotOwner
+	if !ok || rec.Token != token || rec.State != backend.StatePending || rec.Lapsed(now) {
+		return backend.ErrNotOwner
 	}
 	rec.LeaseUntil = now.Add(lease)
 	m.records[key] = rec
@@ -116,7 +117,7 @@ func (m *MemoryBackend) Forget(ctx context.Context, key string, now time.Time) e
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if rec := m.records[key]; rec.State == idem.StatePending && !rec.Lapsed(now) {
+	if rec := m.records[key]; rec.State == backend.StatePending && !rec.Lapsed(now) {
 		return idem.ErrInProgress
 	}
 	delete(m.records, key)
@@ -129,7 +130,7 @@ func (m *MemoryBackend) Sweep(ctx context.Context, now time.Time, limit int) (in
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var expired []idem.Record
+	var expired []backend.Record
 	for _, rec := range m.records {
 		if rec.Expired(now) {
 			expired = append(expired, rec)
@@ -151,8 +152,8 @@ func (m *MemoryBackend) Crash() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, rec := range m.records {
-		if rec.State == idem.StatePending {
-			rec.State = idem.StateInterrupted
+		if rec.State == backend.StatePending {
+			rec.State = backend.StateInterrupted
 			m.records[k] = rec
 		}
 	}
@@ -167,7 +168,7 @@ func (m *MemoryBackend) Len() int {
 
 // clone copies rec's Value so that neither caller nor backend can change the
 // other's bytes.
-func clone(rec idem.Record) idem.Record {
+func clone(rec backend.Record) backend.Record {
 	if rec.Value != nil {
 		rec.Value = append([]byte{}, rec.Value...)
 	}

@@ -3,10 +3,10 @@ package idemtest_test
 import (
 	"testing"
 
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 )
 
 func TestMemoryBackendConformance(t *testing.T) {
-	idemtest.Run(t, func(*testing.T) idem.Backend { return idemtest.NewMemoryBackend() })
+	idemtest.Run(t, func(*testing.T) backend.Backend { return idemtest.NewMemoryBackend() })
 }

@@ -1,4 +1,4 @@
-// Package postgres is an idem.Backend in a PostgreSQL table, shared by every
+// Package postgres is an backend.Backend in a PostgreSQL table, shared by every
 // process and machine that uses the same database.
 //
 // A claim is one INSERT ... ON CONFLICT DO NOTHING statement that returns
@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
 // Schema is the SQL that creates the default table, idem_keys: the file
@@ -52,14 +53,14 @@ type Options struct {
 	NoMigrate bool
 }
 
-// Backend is an idem.Backend over a PostgreSQL table. It is safe for
+// Backend is an backend.Backend over a PostgreSQL table. It is safe for
 // concurrent use by many goroutines and processes.
 type Backend struct {
 	pool *pgxpool.Pool
 	q    queries
 }
 
-var _ idem.Backend = (*Backend)(nil)
+var _ backend.Backend = (*Backend)(nil)
 
 // New returns a Backend over pool, creating its table unless opts.NoMigrate.
 // The caller keeps ownership of pool and closes it after the Stores that use
@@ -202,36 +203,36 @@ func micros(d time.Duration) int64 {
 
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored.
-func (b *Backend) Claim(ctx context.Context, rec idem.Record, _ time.Time, lease time.Duration) (idem.Record, bool, error) {
+func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
 	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease)}
 	for {
 		rows, err := b.pool.Query(ctx, b.q.claim, args...)
 		if err != nil {
-			return idem.Record{}, false, err
+			return backend.Record{}, false, err
 		}
 		var won, expired bool
 		got, found, err := scanOne(rows, &won, &expired)
 		switch {
 		case err != nil:
-			return idem.Record{}, false, err
+			return backend.Record{}, false, err
 		case found && !expired:
 			return got, won, nil
 		case found: // expired: take it over, unless another claim did first
 			if rows, err = b.pool.Query(ctx, b.q.takeOver, args...); err != nil {
-				return idem.Record{}, false, err
+				return backend.Record{}, false, err
 			}
 			if got, found, err = scanOne(rows, &won, &expired); err != nil || found {
 				return got, won, err
 			}
 		}
 		if err := ctx.Err(); err != nil {
-			return idem.Record{}, false, err
+			return backend.Record{}, false, err
 		}
 	}
 }
 
 // Complete records the outcome, expiring ttl after the server's now.
-func (b *Backend) Complete(ctx context.Context, rec idem.Record, _ time.Time, ttl time.Duration) error {
+func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
 	tag, err := b.pool.Exec(ctx, b.q.complete, rec.Key, rec.Token, micros(ttl), rec.Value, rec.Failed, rec.ErrMsg)
 	return owned(tag, err, rec.Key)
 }
@@ -253,16 +254,16 @@ func owned(tag pgconn.CommandTag, err error, key string) error {
 	case err != nil:
 		return err
 	case tag.RowsAffected() == 0:
-		return fmt.Errorf("%w: key %q", idem.ErrNotOwner, key)
+		return fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
 	}
 	return nil
 }
 
 // Get returns key's record as the server's clock sees it.
-func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (idem.Record, bool, error) {
+func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
 	rows, err := b.pool.Query(ctx, b.q.get, key)
 	if err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	return scanOne(rows)
 }
@@ -294,29 +295,29 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 
 // scanOne reads the one record rows may hold, after any leading columns
 // given as extra destinations, and closes rows.
-func scanOne(rows pgx.Rows, extra ...any) (idem.Record, bool, error) {
+func scanOne(rows pgx.Rows, extra ...any) (backend.Record, bool, error) {
 	defer rows.Close()
 	return scanNext(rows, extra...)
 }
 
 // scanNext reads the next record of rows, if there is one.
-func scanNext(rows pgx.Rows, extra ...any) (idem.Record, bool, error) {
+func scanNext(rows pgx.Rows, extra ...any) (backend.Record, bool, error) {
 	if !rows.Next() {
-		return idem.Record{}, false, rows.Err()
+		return backend.Record{}, false, rows.Err()
 	}
-	var rec idem.Record
+	var rec backend.Record
 	var fp []byte
 	var state int16
 	var expires, lease *time.Time
 	dest := append(extra, &rec.Key, &fp, &rec.Token, &state, &rec.CreatedAt, &expires, &lease, &rec.Value, &rec.Failed, &rec.ErrMsg)
 	if err := rows.Scan(dest...); err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	if len(fp) != len(rec.Fingerprint) {
-		return idem.Record{}, false, fmt.Errorf("postgres: key %q: fingerprint of %d bytes", rec.Key, len(fp))
+		return backend.Record{}, false, fmt.Errorf("postgres: key %q: fingerprint of %d bytes", rec.Key, len(fp))
 	}
 	copy(rec.Fingerprint[:], fp)
-	rec.State = idem.RecordState(state)
+	rec.State = backend.RecordState(state)
 	if expires != nil {
 		rec.ExpiresAt = *expires
 	}
@@ -328,7 +329,7 @@ func scanNext(rows pgx.Rows, extra ...any) (idem.Record, bool, error) {
 
 // Each calls fn for every record, in key order, stopping at fn's first
 // error. It is for inspection (cmd/idem): it reads the whole table.
-func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
+func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
 	rows, err := b.pool.Query(ctx, b.q.all)
 	if err != nil {
 		return err

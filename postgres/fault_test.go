@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -51,5 +52,5 @@ func TestDatabaseClosedMidRun(t *testing.T) {
 	require.ErrorAs(t, err, &nr, "the caller is told the outcome was not recorded")
 	var state int
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT state FROM "+table+" WHERE key = 'k'").Scan(&state))
-	assert.Equal(t, int(idem.StatePending), state, "nothing recorded as completed")
+	assert.Equal(t, int(backend.StatePending), state, "nothing recorded as completed")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/faultproxy"
 	"github.com/seed094d4201/idem/internal/faulttest"
 	"github.com/stretchr/testify/assert"
@@ -87,7 +88,7 @@ func proxiedPool(t *testing.T, direct *pgxpool.Pool) (*pgxpool.Pool, *faultproxy
 // Stores whose clocks are a minute off either way, on one table.
 func TestSkewedStores(t *testing.T) {
 	pool := testPool(t)
-	faulttest.SkewedStores(t, func(t *testing.T) idem.Backend {
+	faulttest.SkewedStores(t, func(t *testing.T) backend.Backend {
 		b, _ := testBackend(t, pool)
 		return b
 	})

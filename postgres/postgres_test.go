@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -46,7 +46,7 @@ func testBackend(t testing.TB, pool *pgxpool.Pool) (*Backend, string) {
 
 func TestConformance(t *testing.T) {
 	pool := testPool(t)
-	idemtest.RunShared(t, func(t *testing.T) idem.Backend {
+	idemtest.RunShared(t, func(t *testing.T) backend.Backend {
 		b, _ := testBackend(t, pool)
 		return b
 	})

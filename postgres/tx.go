@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
 // RunOnceTx is the transactional mode, the second seed article's
@@ -58,7 +59,7 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 
 	// No lease: the claim is never seen outside this transaction, and it
 	// commits with its outcome or not at all.
-	claim := idem.Record{Key: key, Fingerprint: fp, Token: txToken(), State: idem.StatePending}
+	claim := backend.Record{Key: key, Fingerprint: fp, Token: txToken(), State: backend.StatePending}
 	args := []any{key, fp[:], claim.Token, 0}
 	rec, won, err := claimTx(ctx, tx, b, key, args)
 	switch {
@@ -70,9 +71,9 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 	switch {
 	case rec.Fingerprint != fp:
 		return zero, idem.ErrPayloadMismatch
-	case rec.State == idem.StateCompleted:
+	case rec.State == backend.StateCompleted:
 		return store.Decode(rec)
-	case rec.State == idem.StatePending:
+	case rec.State == backend.StatePending:
 		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress)
 	}
 	return zero, idem.ErrOutcomeUnknown
@@ -86,17 +87,17 @@ var testHookBeforeTakeover func()
 // statement sees the rows committed before it: a row that a concurrent
 // transaction committed, took over or deleted (a sweep, a Forget) between
 // two statements is met by trying again, as Backend.Claim does.
-func claimTx(ctx context.Context, tx pgx.Tx, b *Backend, key string, args []any) (idem.Record, bool, error) {
+func claimTx(ctx context.Context, tx pgx.Tx, b *Backend, key string, args []any) (backend.Record, bool, error) {
 	for range 8 {
 		rows, err := tx.Query(ctx, b.q.claim, args...)
 		if err != nil {
-			return idem.Record{}, false, err
+			return backend.Record{}, false, err
 		}
 		var won, expired bool
 		rec, found, err := scanOne(rows, &won, &expired)
 		switch {
 		case err != nil:
-			return idem.Record{}, false, err
+			return backend.Record{}, false, err
 		case found && (won || !expired):
 			return rec, won, nil
 		case found: // expired: take it over, unless another claim did first
@@ -104,7 +105,7 @@ func claimTx(ctx context.Context, tx pgx.Tx, b *Backend, key string, args []any)
 				testHookBeforeTakeover()
 			}
 			if rows, err = tx.Query(ctx, b.q.takeOver, args...); err != nil {
-				return idem.Record{}, false, err
+				return backend.Record{}, false, err
 			}
 			if rec, found, err = scanOne(rows, &won, &expired); err != nil || found {
 				return rec, found && won, err
@@ -114,18 +115,18 @@ func claimTx(ctx context.Context, tx pgx.Tx, b *Backend, key string, args []any)
 		// or the expired row went before the takeover reached it: read
 		// what stands now, and claim again if nothing does.
 		if rows, err = tx.Query(ctx, b.q.get, key); err != nil {
-			return idem.Record{}, false, err
+			return backend.Record{}, false, err
 		}
 		if rec, found, err = scanOne(rows); err != nil || found {
 			return rec, false, err
 		}
 	}
-	return idem.Record{}, false, fmt.Errorf("key %q: claimed and released under this transaction 8 times in a row", key)
+	return backend.Record{}, false, fmt.Errorf("key %q: claimed and released under this transaction 8 times in a row", key)
 }
 
 // runTx runs fn in a savepoint of tx, which holds the new claim, and commits
 // the outcome, or rolls everything back.
-func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.Tx, claim idem.Record, fn func(context.Context, pgx.Tx) (R, error)) (val R, err error) {
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.Tx, claim backend.Record, fn func(context.Context, pgx.Tx) (R, error)) (val R, err error) {
 	opts := store.Options()
 	savepoint, err := tx.Begin(ctx)
 	if err != nil {
@@ -162,7 +163,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 // applied, asked about again until Options.SettleTimeout). When it no
 // longer knows (the id is too old), the claim's token, unique to the
 // transaction, tells whether its outcome is in the table.
-func committed(ctx context.Context, b *Backend, opts idem.Options, xid int64, done idem.Record) bool {
+func committed(ctx context.Context, b *Backend, opts idem.Options, xid int64, done backend.Record) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
 	defer cancel()
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
@@ -171,7 +172,7 @@ func committed(ctx context.Context, b *Backend, opts idem.Options, xid int64, do
 		switch {
 		case err == nil && status == nil:
 			rec, ok, err := b.Get(ctx, done.Key, time.Time{})
-			return err == nil && ok && rec.Token == done.Token && rec.State == idem.StateCompleted
+			return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
 		case err == nil && *status != "in progress":
 			return *status == "committed"
 		}

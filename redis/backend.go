@@ -1,4 +1,4 @@
-// Package redis is an idem.Backend in Redis, shared by every process and
+// Package redis is an backend.Backend in Redis, shared by every process and
 // machine that uses the same Redis (a single node or a Cluster, through
 // redis.UniversalClient).
 //
@@ -46,6 +46,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
 // Options configure a Backend. The zero value is ready to use.
@@ -54,7 +55,7 @@ type Options struct {
 	Prefix string
 }
 
-// Backend is an idem.Backend over Redis. It is safe for concurrent use by
+// Backend is an backend.Backend over Redis. It is safe for concurrent use by
 // many goroutines and processes.
 type Backend struct {
 	rdb    redis.UniversalClient
@@ -65,7 +66,7 @@ type Backend struct {
 	oneSlot bool
 }
 
-var _ idem.Backend = (*Backend)(nil)
+var _ backend.Backend = (*Backend)(nil)
 
 // New returns a Backend over rdb. The caller keeps ownership of rdb.
 func New(rdb redis.UniversalClient, opts Options) *Backend {
@@ -81,7 +82,7 @@ func (b *Backend) key(k string) string { return b.prefix + "k:" + k }
 
 // blob is rec's binary encoding, which follows the header the scripts
 // write. Its own times and token are not read back: the header's are.
-func blob(rec idem.Record) (string, error) {
+func blob(rec backend.Record) (string, error) {
 	enc, err := rec.MarshalBinary()
 	return string(enc), err
 }
@@ -90,13 +91,13 @@ func blob(rec idem.Record) (string, error) {
 // then the binary record. expires is the key's expiry (ms), lapsed whether
 // the server found its lease lapsed. (Values written before the header had
 // its created field lack it, and keep the record's own.)
-func decode(key, v string, expires int64, lapsed bool) (idem.Record, error) {
+func decode(key, v string, expires int64, lapsed bool) (backend.Record, error) {
 	var fields [3]string
 	rest := v
 	for n := range fields {
 		j := strings.IndexByte(rest, '|')
 		if j < 0 {
-			return idem.Record{}, fmt.Errorf("redis: record %q has no header", key)
+			return backend.Record{}, fmt.Errorf("redis: record %q has no header", key)
 		}
 		fields[n], rest = rest[:j], rest[j+1:]
 	}
@@ -106,22 +107,22 @@ func decode(key, v string, expires int64, lapsed bool) (idem.Record, error) {
 			created, rest = ms, rest[j+1:]
 		}
 	}
-	var rec idem.Record
+	var rec backend.Record
 	if err := rec.UnmarshalBinary([]byte(rest)); err != nil {
 		return rec, fmt.Errorf("redis: record %q: %w", key, err)
 	}
 	state, _ := strconv.Atoi(fields[0])
 	lease, _ := strconv.ParseInt(fields[1], 10, 64)
-	rec.State, rec.LeaseUntil, rec.Token = idem.RecordState(state), fromMillis(lease), fields[2]
+	rec.State, rec.LeaseUntil, rec.Token = backend.RecordState(state), fromMillis(lease), fields[2]
 	if created >= 0 {
 		rec.CreatedAt = fromMillis(created)
 	}
 	rec.ExpiresAt = time.Time{}
-	if rec.State == idem.StateCompleted {
+	if rec.State == backend.StateCompleted {
 		rec.ExpiresAt = fromMillis(expires)
 	}
 	if lapsed {
-		rec.State = idem.StateInterrupted
+		rec.State = backend.StateInterrupted
 	}
 	return rec, nil
 }
@@ -248,20 +249,20 @@ return 1`)
 
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored.
-func (b *Backend) Claim(ctx context.Context, rec idem.Record, _ time.Time, lease time.Duration) (idem.Record, bool, error) {
-	enc, err := blob(idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: idem.StatePending})
+func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
+	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StatePending})
 	if err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	if strings.ContainsRune(rec.Token, '|') {
-		return idem.Record{}, false, fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
+		return backend.Record{}, false, fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
 	}
 	reply, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, millis(lease), enc).Result()
 	if err != nil {
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	if now, ok := reply.(int64); ok {
-		claim := idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: idem.StatePending, CreatedAt: time.UnixMilli(now)}
+		claim := backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: backend.StatePending, CreatedAt: time.UnixMilli(now)}
 		if lease > 0 {
 			claim.LeaseUntil = claim.CreatedAt.Add(time.Duration(millis(lease)) * time.Millisecond)
 		}
@@ -272,10 +273,10 @@ func (b *Backend) Claim(ctx context.Context, rec idem.Record, _ time.Time, lease
 }
 
 // decodeSeen decodes a script's {value, expiry, lapsed} reply.
-func decodeSeen(key string, reply any) (idem.Record, error) {
+func decodeSeen(key string, reply any) (backend.Record, error) {
 	s, ok := reply.([]any)
 	if !ok || len(s) != 3 {
-		return idem.Record{}, fmt.Errorf("redis: record %q: unexpected reply %T", key, reply)
+		return backend.Record{}, fmt.Errorf("redis: record %q: unexpected reply %T", key, reply)
 	}
 	v, _ := s[0].(string)
 	expires, _ := s[1].(int64)
@@ -284,8 +285,8 @@ func decodeSeen(key string, reply any) (idem.Record, error) {
 }
 
 // Complete records the outcome, expiring ttl after the server's now.
-func (b *Backend) Complete(ctx context.Context, rec idem.Record, _ time.Time, ttl time.Duration) error {
-	enc, err := blob(idem.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: idem.StateCompleted,
+func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
+	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StateCompleted,
 		Value: rec.Value, Failed: rec.Failed, ErrMsg: rec.ErrMsg})
 	if err != nil {
 		return err
@@ -334,19 +335,19 @@ func owned(n int64, err error, key string) error {
 	case err != nil:
 		return err
 	case n == 0:
-		return fmt.Errorf("%w: key %q", idem.ErrNotOwner, key)
+		return fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
 	}
 	return nil
 }
 
 // Get returns key's record as the server's clock sees it.
-func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (idem.Record, bool, error) {
+func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
 	reply, err := getScript.Run(ctx, b.rdb, []string{b.key(key)}).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return idem.Record{}, false, nil
+		return backend.Record{}, false, nil
 	case err != nil:
-		return idem.Record{}, false, err
+		return backend.Record{}, false, err
 	}
 	rec, err := decodeSeen(key, reply)
 	return rec, err == nil, err
@@ -398,11 +399,11 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 // Each calls fn for every record under the backend's prefix, stopping at
 // fn's first error. It is for inspection (cmd/idem): it SCANs the keyspace,
 // every primary's on a Cluster, calling fn from one goroutine at a time.
-func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
+func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
 	if c, ok := b.rdb.(*redis.ClusterClient); ok {
 		var mu sync.Mutex
 		return c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return b.each(ctx, node, func(rec idem.Record) error {
+			return b.each(ctx, node, func(rec backend.Record) error {
 				mu.Lock()
 				defer mu.Unlock()
 				return fn(rec)
@@ -412,7 +413,7 @@ func (b *Backend) Each(ctx context.Context, fn func(idem.Record) error) error {
 	return b.each(ctx, b.rdb, fn)
 }
 
-func (b *Backend) each(ctx context.Context, node redis.Cmdable, fn func(idem.Record) error) error {
+func (b *Backend) each(ctx context.Context, node redis.Cmdable, fn func(backend.Record) error) error {
 	iter := node.Scan(ctx, 0, b.prefix+"k:*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := strings.TrimPrefix(iter.Val(), b.prefix+"k:")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -106,7 +107,7 @@ func waitGone(t *testing.T, b *Backend, keys []string) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		left := 0
-		require.NoError(t, b.Each(context.Background(), func(rec idem.Record) error {
+		require.NoError(t, b.Each(context.Background(), func(rec backend.Record) error {
 			if want[rec.Key] {
 				left++
 			}
@@ -124,7 +125,7 @@ func waitGone(t *testing.T, b *Backend, keys []string) {
 
 func TestClusterConformance(t *testing.T) {
 	rdb := testClusterClient(t)
-	idemtest.RunShared(t, func(t *testing.T) idem.Backend {
+	idemtest.RunShared(t, func(t *testing.T) backend.Backend {
 		flushScripts(t, rdb) // every subtest starts on nodes that know no script
 		return testClusterBackend(t, rdb)
 	})

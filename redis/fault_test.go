@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -42,5 +43,5 @@ func TestRedisClosedMidRun(t *testing.T) {
 	rec, ok, err := b.Get(context.Background(), "k", time.Now())
 	require.NoError(t, err)
 	require.True(t, ok)
-	assert.Equal(t, idem.StatePending, rec.State, "nothing recorded as completed")
+	assert.Equal(t, backend.StatePending, rec.State, "nothing recorded as completed")
 }

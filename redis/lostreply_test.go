@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/faultproxy"
 	"github.com/seed094d4201/idem/internal/faulttest"
 )
@@ -43,10 +43,10 @@ func TestLostReplies(t *testing.T) {
 func TestSkewedStores(t *testing.T) {
 	t.Run("Single", func(t *testing.T) {
 		rdb := testClient(t)
-		faulttest.SkewedStores(t, func(t *testing.T) idem.Backend { return testBackend(t, rdb) })
+		faulttest.SkewedStores(t, func(t *testing.T) backend.Backend { return testBackend(t, rdb) })
 	})
 	t.Run("Cluster", func(t *testing.T) {
 		rdb := testClusterClient(t)
-		faulttest.SkewedStores(t, func(t *testing.T) idem.Backend { return testClusterBackend(t, rdb) })
+		faulttest.SkewedStores(t, func(t *testing.T) backend.Backend { return testClusterBackend(t, rdb) })
 	})
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/require"
 )
@@ -46,7 +46,7 @@ func testBackend(t testing.TB, rdb redis.UniversalClient) *Backend {
 
 func TestConformance(t *testing.T) {
 	rdb := testClient(t)
-	idemtest.RunShared(t, func(t *testing.T) idem.Backend {
+	idemtest.RunShared(t, func(t *testing.T) backend.Backend {
 		flushScripts(t, rdb) // every subtest starts on a server that knows no script
 		return testBackend(t, rdb)
 	})

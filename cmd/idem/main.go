@@ -24,7 +24,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
 const usage = `usage:
@@ -101,7 +101,7 @@ func inspect(ctx context.Context, b target, w io.Writer, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tSTATE\tAGE\tEXPIRES IN\tVALUE BYTES\tRECORD BYTES")
 	count := 0
-	err := b.Each(ctx, func(rec idem.Record) error {
+	err := b.Each(ctx, func(rec backend.Record) error {
 		count++
 		size := 0
 		if enc, err := rec.MarshalBinary(); err == nil {
@@ -142,16 +142,16 @@ func show(ctx context.Context, b target, key string, w io.Writer, now time.Time)
 	} else {
 		fmt.Fprintf(w, "value (hex): %x\n", rec.Value)
 	}
-	if rec.State == idem.StateInterrupted || rec.Lapsed(now) {
+	if rec.State == backend.StateInterrupted || rec.Lapsed(now) {
 		fmt.Fprintln(w, "\nThe operation may or may not have taken effect. Check its real outcome,")
 		fmt.Fprintf(w, "then clear the key with: idem forget FILE %q\n", rec.Key)
 	}
 	return nil
 }
 
-func state(rec idem.Record, now time.Time) string {
+func state(rec backend.Record, now time.Time) string {
 	switch {
-	case rec.State == idem.StateCompleted && rec.Failed:
+	case rec.State == backend.StateCompleted && rec.Failed:
 		return "completed (final error)"
 	case rec.Lapsed(now):
 		return "interrupted (lease lapsed)"
@@ -159,16 +159,16 @@ func state(rec idem.Record, now time.Time) string {
 	return rec.State.String()
 }
 
-func age(rec idem.Record, now time.Time) string {
+func age(rec backend.Record, now time.Time) string {
 	if rec.CreatedAt.IsZero() {
 		return "unknown"
 	}
 	return now.Sub(rec.CreatedAt).Round(time.Second).String()
 }
 
-func expiresIn(rec idem.Record, now time.Time) string {
+func expiresIn(rec backend.Record, now time.Time) string {
 	switch {
-	case rec.State != idem.StateCompleted:
+	case rec.State != backend.StateCompleted:
 		return "never (waits for an operator)"
 	case !now.Before(rec.ExpiresAt):
 		return "expired"

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -45,7 +46,7 @@ func fixture(t *testing.T) string {
 	require.NoError(t, old.Close())
 
 	// A claim whose process dies: pending now, interrupted on the next Open.
-	_, _, err = b.Claim(ctx, idem.Record{Key: "order-103", Token: "dead"}, now.Add(-10*time.Minute), 0)
+	_, _, err = b.Claim(ctx, backend.Record{Key: "order-103", Token: "dead"}, now.Add(-10*time.Minute), 0)
 	require.NoError(t, err)
 	require.NoError(t, b.Close())
 	return path

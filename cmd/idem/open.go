@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
@@ -18,8 +18,8 @@ import (
 
 // A target is the backend a command works on, whatever it is.
 type target interface {
-	idem.Backend
-	Each(ctx context.Context, fn func(idem.Record) error) error
+	backend.Backend
+	Each(ctx context.Context, fn func(backend.Record) error) error
 }
 
 // openTarget opens where: a postgres:// or postgresql:// DSN, a redis://

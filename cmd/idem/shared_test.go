@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 	"github.com/stretchr/testify/assert"
@@ -22,12 +22,12 @@ import (
 func TestSharedBackends(t *testing.T) {
 	ctx := context.Background()
 	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
-	dead := idem.Record{Key: "order-103", Token: "dead", State: idem.StatePending}
+	dead := backend.Record{Key: "order-103", Token: "dead", State: backend.StatePending}
 	for _, tc := range []struct {
 		name, where, table string
-		backend            func(t *testing.T) idem.Backend
+		backend            func(t *testing.T) backend.Backend
 	}{
-		{"postgres", os.Getenv("IDEM_POSTGRES_DSN"), "idem_cli_" + suffix, func(t *testing.T) idem.Backend {
+		{"postgres", os.Getenv("IDEM_POSTGRES_DSN"), "idem_cli_" + suffix, func(t *testing.T) backend.Backend {
 			pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
@@ -36,7 +36,7 @@ func TestSharedBackends(t *testing.T) {
 			require.NoError(t, err)
 			return b
 		}},
-		{"redis", "redis://" + os.Getenv("IDEM_REDIS_ADDR"), "idemcli:" + suffix + ":", func(t *testing.T) idem.Backend {
+		{"redis", "redis://" + os.Getenv("IDEM_REDIS_ADDR"), "idemcli:" + suffix + ":", func(t *testing.T) backend.Backend {
 			rdb := goredis.NewClient(&goredis.Options{Addr: os.Getenv("IDEM_REDIS_ADDR")})
 			t.Cleanup(func() { rdb.Close() })
 			return redis.New(rdb, redis.Options{Prefix: "idemcli:" + suffix + ":"})
@@ -52,7 +52,7 @@ func TestSharedBackends(t *testing.T) {
 			for deadline := time.Now().Add(10 * time.Second); ; { // until the lease lapses by the server's clock
 				rec, _, err := b.Get(ctx, dead.Key, time.Now())
 				require.NoError(t, err)
-				if rec.State == idem.StateInterrupted {
+				if rec.State == backend.StateInterrupted {
 					break
 				}
 				require.True(t, time.Now().Before(deadline), "the lease never lapsed")

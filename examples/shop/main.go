@@ -19,6 +19,7 @@ import (
 	"sync"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
 )
 
@@ -82,7 +83,7 @@ type Payments struct {
 	keys   *idem.Store[Charge]
 }
 
-func NewPayments(ledger *Ledger, backend idem.Backend) *Payments {
+func NewPayments(ledger *Ledger, backend backend.Backend) *Payments {
 	return &Payments{ledger: ledger, keys: idem.New[Charge](idem.Options{Backend: backend})}
 }
 

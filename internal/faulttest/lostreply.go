@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/faultproxy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,8 +22,8 @@ import (
 // A Target is a shared backend reached through a fault proxy.
 type Target struct {
 	Proxy   *faultproxy.Proxy
-	Backend idem.Backend // through Proxy
-	Direct  idem.Backend // the same records, not through Proxy: what landed
+	Backend backend.Backend // through Proxy
+	Direct  backend.Backend // the same records, not through Proxy: what landed
 
 	// Bytes that occur in the request of each operation, and only in it,
 	// and the reply detector for the protocol.
@@ -44,7 +45,7 @@ func LostReplies(t *testing.T, newTarget func(t *testing.T) Target) {
 		require.NoError(t, err, "the claim landed: fn runs under it")
 		assert.Equal(t, 1, v)
 		assert.Equal(t, int32(1), calls)
-		assertState(t, tg, "k", idem.StateCompleted)
+		assertState(t, tg, "k", backend.StateCompleted)
 	})
 	t.Run("ClaimRequestDropped", func(t *testing.T) {
 		tg := newTarget(t)
@@ -71,7 +72,7 @@ func LostReplies(t *testing.T, newTarget func(t *testing.T) Target) {
 		require.NoError(t, err, "an outcome that landed is never reported lost")
 		assert.Equal(t, 3, v)
 		assert.Equal(t, int32(1), calls)
-		assertState(t, tg, "k", idem.StateCompleted)
+		assertState(t, tg, "k", backend.StateCompleted)
 	})
 	t.Run("CompleteConnectionKilled", func(t *testing.T) {
 		tg := newTarget(t)
@@ -81,7 +82,7 @@ func LostReplies(t *testing.T, newTarget func(t *testing.T) Target) {
 		require.NoError(t, err, "the outcome write is tried again on a fresh connection")
 		assert.Equal(t, 4, v)
 		assert.Equal(t, int32(1), calls)
-		assertState(t, tg, "k", idem.StateCompleted)
+		assertState(t, tg, "k", backend.StateCompleted)
 	})
 	t.Run("ReleaseReplyLost", func(t *testing.T) {
 		tg := newTarget(t)
@@ -136,7 +137,7 @@ func fired(t *testing.T, tg Target) {
 	}
 }
 
-func assertState(t *testing.T, tg Target, key string, want idem.RecordState) {
+func assertState(t *testing.T, tg Target, key string, want backend.RecordState) {
 	t.Helper()
 	rec, ok, err := tg.Direct.Get(context.Background(), key, time.Now())
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -20,7 +21,7 @@ var skews = []time.Duration{time.Minute, -time.Minute, 0}
 
 // skewedStores returns one store per skew over b, all closed when the test
 // ends.
-func skewedStores(t *testing.T, b idem.Backend, opts idem.Options) []*idem.Store[int] {
+func skewedStores(t *testing.T, b backend.Backend, opts idem.Options) []*idem.Store[int] {
 	var stores []*idem.Store[int]
 	for _, skew := range skews {
 		o := opts
@@ -38,7 +39,7 @@ func skewedStores(t *testing.T, b idem.Backend, opts idem.Options) []*idem.Store
 // claim cannot be forgotten. The backend must judge time by its server's
 // clock. newBackend is called once per subtest and must return an empty
 // backend.
-func SkewedStores(t *testing.T, newBackend func(t *testing.T) idem.Backend) {
+func SkewedStores(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 	t.Run("RenewedLeaseHolds", func(t *testing.T) {
 		// The owner runs slow by a minute and holds the key across several
 		// renewals of a short lease; the others, one a minute fast, keep

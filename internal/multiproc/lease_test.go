@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/stretchr/testify/assert"
@@ -20,7 +21,7 @@ import (
 // eachBackend runs test against a fresh postgres table and a fresh redis
 // prefix, with pool for counting side effects, skipping those whose service
 // is not configured.
-func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind, name string, b idem.Backend)) {
+func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend)) {
 	pool := testPool(t)
 	for _, kind := range []string{"postgres", "redis"} {
 		t.Run(kind, func(t *testing.T) {
@@ -44,7 +45,7 @@ func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind,
 // told the key is in progress; after, its outcome is unknown; and with
 // RetryInterrupted exactly one of many processes runs it again.
 func TestKilledOwner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b idem.Backend) {
+	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
 		// The child says ready from inside fn, holding the claim.
 		startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k").kill(t)
 
@@ -62,7 +63,7 @@ func TestKilledOwner(t *testing.T) {
 		for deadline := time.Now().Add(30 * time.Second); ; {
 			rec, _, err := b.Get(ctx, "k", time.Now())
 			require.NoError(t, err)
-			if rec.State == idem.StateInterrupted {
+			if rec.State == backend.StateInterrupted {
 				break
 			}
 			require.True(t, time.Now().Before(deadline), "the lease never lapsed")
@@ -93,7 +94,7 @@ func TestKilledOwner(t *testing.T) {
 // loses the key to another store, and cannot then complete over the new
 // owner's outcome.
 func TestStalledOwnerIsFenced(t *testing.T) {
-	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b idem.Backend) {
+	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
 		ctx := context.Background()
 		stalled := idemtest.Faulty{Backend: b, Fail: func(op string) error {
 			if op == "Renew" {
@@ -117,7 +118,7 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 		for deadline := time.Now().Add(30 * time.Second); ; { // until the stalled owner's lease has run out
 			rec, _, err := b.Get(ctx, "k", time.Now())
 			require.NoError(t, err)
-			if rec.State == idem.StateInterrupted {
+			if rec.State == backend.StateInterrupted {
 				break
 			}
 			require.True(t, time.Now().Before(deadline), "the stalled owner's lease never lapsed")
@@ -131,7 +132,7 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 
 		close(resume)
 		err = <-result
-		assert.ErrorIs(t, err, idem.ErrNotOwner, "the stalled owner is told its outcome was refused")
+		assert.ErrorIs(t, err, backend.ErrNotOwner, "the stalled owner is told its outcome was refused")
 		v, err = fresh.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 3, nil })
 		require.NoError(t, err)
 		assert.Equal(t, 2, v, "the record keeps the new owner's outcome")

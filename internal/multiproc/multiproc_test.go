@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 	"github.com/stretchr/testify/require"
@@ -141,7 +142,7 @@ func runChild() error {
 // open returns the backend of kind ("postgres", "redis" or "redis-cluster")
 // under name (a table, or a key prefix), and a func that closes what it
 // opened.
-func open(ctx context.Context, kind string, pool *pgxpool.Pool, name string) (idem.Backend, func(), error) {
+func open(ctx context.Context, kind string, pool *pgxpool.Pool, name string) (backend.Backend, func(), error) {
 	if kind == "postgres" {
 		b, err := postgres.New(ctx, pool, postgres.Options{Table: name})
 		return b, func() {}, err

@@ -1,4 +1,4 @@
-package idem
+package backend
 
 import (
 	"bytes"
@@ -18,8 +18,8 @@ const recordVersion = 2 // 2 added LeaseUntil
 // back as the same instants, in UTC-less local form, and an empty Value as
 // nil or empty alike.
 func (r Record) MarshalBinary() ([]byte, error) {
-	if len(r.Key) > MaxKeyLen {
-		return nil, fmt.Errorf("%w: %d bytes", ErrInvalidKey, len(r.Key))
+	if len(r.Key) > 255 { // its length is one byte; idem.MaxKeyLen is 255
+		return nil, fmt.Errorf("idem: record key of %d bytes, more than 255", len(r.Key))
 	}
 	n := 1 + 1 + 1 + len(r.Key) + len(r.Fingerprint) + 1 + len(r.Token) + 3*8 + 1 +
 		binary.MaxVarintLen64 + len(r.ErrMsg) + binary.MaxVarintLen64 + len(r.Value)

@@ -1,4 +1,4 @@
-package idem
+package backend
 
 import (
 	"testing"
@@ -11,7 +11,7 @@ import (
 func TestRecordBinaryRoundTrip(t *testing.T) {
 	rec := Record{
 		Key:         "clé-101",
-		Fingerprint: Fingerprint{1, 2, 3},
+		Fingerprint: [32]byte{1, 2, 3},
 		Token:       "0123456789abcdef0123456789abcdef",
 		State:       StateCompleted,
 		CreatedAt:   time.Unix(0, 1764493200123456789),

@@ -1,4 +1,4 @@
-package idem
+package backend
 
 import (
 	"context"
@@ -6,11 +6,23 @@ import (
 	"time"
 )
 
-// ErrNotOwner is returned by Backend.Complete and Backend.Release when the
-// key's record no longer belongs to the token presented: it is gone,
-// completed, or claimed again by another owner. A stale owner can therefore
-// never overwrite a newer claim.
-var ErrNotOwner = errors.New("idem: the claim is not held by this token")
+// These errors are part of the contract between a Store and its Backend.
+// Package idem re-exports ErrInProgress and ErrClosed, so that a caller sees
+// one sentinel whichever layer refused it.
+var (
+	// ErrNotOwner is returned by Complete, Release and Renew when the key's
+	// record no longer belongs to the token presented: it is gone,
+	// completed, or claimed again by another owner. A stale owner can
+	// therefore never overwrite a newer claim.
+	ErrNotOwner = errors.New("idem: the claim is not held by this token")
+
+	// ErrInProgress is returned by Forget when the key is claimed and its
+	// lease holds: its owner may still record an outcome.
+	ErrInProgress = errors.New("idem: operation in progress")
+
+	// ErrClosed is returned by a Backend's methods once it is closed.
+	ErrClosed = errors.New("idem: store is closed")
+)
 
 // RecordState is where a key's durable record stands.
 type RecordState uint8
@@ -43,7 +55,7 @@ func (s RecordState) String() string {
 // A Record is one key's durable state, in bytes.
 type Record struct {
 	Key         string
-	Fingerprint Fingerprint // of the payload that claimed the key
+	Fingerprint [32]byte // of the payload that claimed the key (idem.Fingerprint)
 	Token       string      // the claim's ownership token, random per claim
 	State       RecordState
 	CreatedAt   time.Time // when the key was claimed

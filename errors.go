@@ -101,7 +101,7 @@ func (e *PanicError) Unwrap() error {
 // this process replays the outcome from memory for as long as the store
 // lives, and after a restart the key is interrupted (ErrOutcomeUnknown)
 // until an operator reconciles it. If instead the claim was lost (Err
-// matches ErrNotOwner: its lease lapsed and another owner took the key),
+// matches backend.ErrNotOwner: its lease lapsed and another owner took the key),
 // the backend holds that owner's outcome, which later callers get.
 type NotRecordedError struct {
 	Err error // why recording failed

@@ -12,7 +12,7 @@ import (
 // ErrLeaseLost is the cause of fn's context when the store stops trusting
 // fn's durable claim: another owner took the key, or no renewal got
 // through before the lease could lapse. The outcome of such an fn is
-// refused (ErrNotOwner) if another owner took the key meanwhile.
+// refused (backend.ErrNotOwner) if another owner took the key meanwhile.
 var ErrLeaseLost = errors.New("idem: lease lost: the claim can no longer be trusted to hold the key")
 
 // leaseTrust is how long after a request left an owner trusts the lease it

@@ -56,7 +56,7 @@ func (s RecordState) String() string {
 type Record struct {
 	Key         string
 	Fingerprint [32]byte // of the payload that claimed the key (idem.Fingerprint)
-	Token       string      // the claim's ownership token, random per claim
+	Token       string   // the claim's ownership token, random per claim
 	State       RecordState
 	CreatedAt   time.Time // when the key was claimed
 	ExpiresAt   time.Time // completed records: when the outcome may be forgotten; zero otherwise

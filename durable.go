@@ -11,15 +11,56 @@ import (
 	"github.com/seed094d4201/idem/backend"
 )
 
-// executeDurable claims key in the Backend and runs fn, or answers from the
-// record it finds there. It runs once per key per process at a time: the
-// memory table has already made this caller the key's only owner here. pin
-// reports a final outcome that the backend could not record, so that its
-// record stays pending: memory must hold the outcome for as long as the
-// store lives, or this process would find the key pending forever. (A
-// release that cannot get through is finished in the background instead.)
-func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprint, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
+// beginDurable claims t's key in the Backend for t, whose entry this
+// process's memory has already made the key's only owner here, or learns
+// its fate: a replay (filled into t), or an error. Either way t's entry is
+// settled unless t comes back owning a durable claim, whose lease it then
+// renews until Finish. A wait for another process's execution ends with
+// ctx; the waiters on t's entry then claim again under their own contexts.
+func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
+	e := t.e
+	claim, sent, err := s.acquire(ctx, t)
+	if err == nil && claim.Token != "" {
+		if !s.trusted(sent) {
+			// The claim's reply came too late to trust its lease: another
+			// store may already take the key for interrupted, so the work
+			// must not start.
+			s.releaseOrLater(context.WithoutCancel(ctx), claim.Key, claim.Token)
+			err = &BackendError{Op: "claim", Err: errors.New("the lease ran out before the work could start")}
+		} else {
+			work, cancelWork := s.workContext(ctx)
+			work, stopRenewing := s.renew(work, claim, sent)
+			t.claim, t.work = claim, work
+			t.cancel = func() {
+				stopRenewing()
+				if cancelWork != nil {
+					cancelWork()
+				}
+			}
+			return nil
+		}
+	}
+	t.e = nil
+	if err != nil {
+		e.err = err
+		if errors.Is(err, ErrInProgress) {
+			e.err = errYield
+		}
+		s.table.release(e)
+		return err
+	}
+	e.val, e.err, e.shared = t.val, t.err, true
+	s.table.release(e) // the backend remembers it; memory keeps in-flight keys only
+	return nil
+}
+
+// acquire claims t's key in the Backend and returns the claim and when it
+// was sent, or answers from the record it finds there: a completed one is
+// decoded into t (and the claim returned is zero), anything else is an
+// error.
+func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, time.Time, error) {
 	b := s.opts.Backend
+	key, fp := t.e.key, t.e.fp
 	retried := false
 	for {
 		claim := backend.Record{Key: key, Fingerprint: fp, Token: newToken(), State: backend.StatePending}
@@ -29,18 +70,18 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		rec, claimed, err := s.claimDurable(ctx, claim)
 		switch {
 		case err != nil:
-			return val, err, false
+			return backend.Record{}, sent, err
 		case claimed:
-			return s.runClaimed(ctx, rec, sent, fn)
+			return rec, sent, nil
 		}
 		if rec.Fingerprint != fp {
-			return val, ErrPayloadMismatch, false
+			return backend.Record{}, sent, ErrPayloadMismatch
 		}
 		if rec.State == backend.StatePending {
 			// In flight through another store, most likely another process:
 			// wait for its outcome.
 			if rec, err = s.awaitSettled(ctx, key); err != nil {
-				return val, err, false
+				return backend.Record{}, sent, err
 			}
 			if rec.State == 0 {
 				continue // released: claim again
@@ -48,18 +89,18 @@ func (s *Store[R]) executeDurable(ctx context.Context, key string, fp Fingerprin
 		}
 		switch {
 		case rec.Fingerprint != fp:
-			return val, ErrPayloadMismatch, false
+			return backend.Record{}, sent, ErrPayloadMismatch
 		case rec.State == backend.StateCompleted:
-			val, err = s.decode(rec)
-			return val, err, false
+			t.val, t.err = s.decode(rec)
+			return backend.Record{}, sent, nil
 		case !s.opts.RetryInterrupted || retried:
-			return val, ErrOutcomeUnknown, false
+			return backend.Record{}, sent, ErrOutcomeUnknown
 		}
 		// RetryInterrupted: treat the interrupted claim as failed before
 		// commit. Its token is compared, so if another store took it over in
 		// the meantime this release fails and the claim below finds theirs.
 		if err := b.Release(ctx, key, rec.Token); err != nil && !errors.Is(err, backend.ErrNotOwner) {
-			return val, fmt.Errorf("idem: releasing interrupted key in backend: %w", err), false
+			return backend.Record{}, sent, &BackendError{Op: "release", Err: err}
 		}
 		retried = true
 	}
@@ -105,18 +146,18 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim backend.Record) (back
 // keys held in memory: those in flight, and outcomes pinned there): a key
 // whose outcome the backend remembers needs no room to be replayed. Any
 // other key is refused with ErrFull.
-func (s *Store[R]) replayWhenFull(ctx context.Context, key string, fp Fingerprint) (R, error) {
-	var zero R
+func (s *Store[R]) replayWhenFull(ctx context.Context, key string, fp Fingerprint) (val R, ferr, err error) {
 	rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
 	switch {
 	case err != nil:
-		return zero, &BackendError{Op: "get", Err: err}
+		return val, nil, &BackendError{Op: "get", Err: err}
 	case ok && rec.Fingerprint != fp:
-		return zero, ErrPayloadMismatch
+		return val, nil, ErrPayloadMismatch
 	case ok && rec.State == backend.StateCompleted:
-		return s.decode(rec)
+		val, ferr = s.decode(rec)
+		return val, ferr, nil
 	}
-	return zero, ErrFull
+	return val, nil, ErrFull
 }
 
 // Polling bounds for a key in flight elsewhere: the first wait, and the most
@@ -150,6 +191,8 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 		switch {
 		case err != nil && s.stopping.Err() != nil:
 			return backend.Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
+		case err != nil && ctx.Err() != nil:
+			return backend.Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		case err != nil:
 			return backend.Record{}, &BackendError{Op: "get", Err: err}
 		case !ok:
@@ -162,36 +205,24 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 	}
 }
 
-// runClaimed runs fn under the durable claim and records its outcome: a final
-// outcome is completed, anything else releases the claim. Both use a context
-// that fn's timeout cannot end, so a finished operation is never lost for
+// finishDurable records the outcome of t's durable claim: a final outcome
+// is completed, anything else releases the claim. Both use a context that
+// the work's timeout cannot end, so a finished operation is never lost for
 // want of time to record it, and the lease is renewed until the outcome is
-// settled. sent is when the claim was sent.
-func (s *Store[R]) runClaimed(ctx context.Context, claim backend.Record, sent time.Time, fn func(context.Context) (R, error)) (val R, err error, pin bool) {
-	record := context.WithoutCancel(ctx)
-	ctx, stopRenewing := s.renew(ctx, claim, sent)
-	defer stopRenewing()
-	if !s.trusted(sent) {
-		// The claim's reply came too late to trust its lease: another store
-		// may already take the key for interrupted, so fn must not start.
-		s.releaseOrLater(record, claim.Key, claim.Token)
-		return val, &BackendError{Op: "claim", Err: errors.New("the lease ran out before fn could start")}, false
-	}
-	settled := false
-	defer func() {
-		if !settled { // fn called runtime.Goexit: it failed before commit
-			s.releaseOrLater(record, claim.Key, claim.Token)
-		}
-	}()
-	val, err, returned := call(ctx, fn)
-	settled = true
-	if !returned || !isFinalOutcome(err) {
+// settled. pin reports a final outcome that the backend could not record,
+// so that its record stays pending: memory must hold the outcome meanwhile
+// (the store goes on trying to record it), or this process would find the
+// key pending. A release that cannot get through is finished in the
+// background instead.
+func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, _ error, pin bool) {
+	record := context.WithoutCancel(t.ctx)
+	claim := t.claim
+	if !final {
 		if rerr := s.releaseOrLater(record, claim.Key, claim.Token); rerr != nil {
 			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), false
 		}
 		return val, err, false
 	}
-
 	done := claim
 	rerr := s.Encode(&done, val, err)
 	encoded := rerr == nil
@@ -199,11 +230,11 @@ func (s *Store[R]) runClaimed(ctx context.Context, claim backend.Record, sent ti
 		rerr = s.complete(record, done)
 	}
 	if rerr != nil {
-		// Never release a key after fn succeeded: it stays claimed (durably
-		// pending, interrupted after a restart) and memory replays it while
-		// the store goes on trying to record it. Unless the claim was lost:
-		// then the backend holds another owner's outcome, which later
-		// callers read.
+		// Never release a key after the work succeeded: it stays claimed
+		// (durably pending, interrupted after a restart) and memory replays
+		// it while the store goes on trying to record it. Unless the claim
+		// was lost: then the backend holds another owner's outcome, which
+		// later callers read.
 		lost := errors.Is(rerr, backend.ErrNotOwner)
 		if !lost && encoded {
 			s.completeLater(done)

@@ -23,8 +23,9 @@ type entry[R any] struct {
 
 	// Written only by the execution, before completed is set or done is
 	// closed; read only after observing either.
-	val R
-	err error
+	val    R
+	err    error
+	shared bool // the outcome is final (recorded or replayed): waiters replay it rather than fail with it
 }
 
 // expiryList holds a shard's completed entries in completion order. With one

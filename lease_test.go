@@ -140,10 +140,12 @@ func TestCloseDoesNotWaitOnAHungPoll(t *testing.T) {
 		return ctx.Err()
 	}}
 	s := idem.New[order](idem.Options{Backend: b})
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	_, err = s.RunOnce(ctx, "k", "p", func(context.Context) (order, error) { return order{}, nil })
-	assert.ErrorIs(t, err, idem.ErrInProgress)
+	// A caller that cannot leave polls on its own goroutine until Close.
+	ran := make(chan error, 1)
+	go func() {
+		_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{}, nil })
+		ran <- err
+	}()
 	select {
 	case <-polling:
 	case <-time.After(10 * time.Second):
@@ -151,6 +153,12 @@ func TestCloseDoesNotWaitOnAHungPoll(t *testing.T) {
 	}
 	closed := make(chan struct{})
 	go func() { _ = s.Close(); close(closed) }()
+	select {
+	case err := <-ran:
+		assert.ErrorIs(t, err, idem.ErrInProgress, "a poll ended by Close")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close left a caller polling")
+	}
 	select {
 	case <-closed:
 	case <-time.After(10 * time.Second):

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,78 +68,40 @@ func New[R any](opts Options) *Store[R] {
 //
 // fn runs under a context that keeps the values of the first caller's ctx but
 // not its cancellation, bounded by Options.ExecutionTimeout. Each caller
-// waits under its own ctx: if ctx ends first, RunOnce returns an error that
-// matches both ErrInProgress and ctx.Err(), and the execution goes on for the
-// others. A ctx that is already done claims nothing.
+// waits under its own ctx, for an execution in this process or, through a
+// shared Backend, in another: if ctx ends first, RunOnce returns an error
+// that matches both ErrInProgress and ctx.Err(), and the execution goes on
+// for the others. A ctx that is already done claims nothing.
+//
+// RunOnce is Begin, then Ticket.Do on a goroutine of its own so that the
+// caller may leave; a caller whose ctx can never end runs fn itself.
 //
 // fn must not call RunOnce with its own key (it would wait for itself until
 // ExecutionTimeout, like relocking a sync.Mutex) nor Close the store.
 func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func(context.Context) (R, error)) (R, error) {
-	return s.run(ctx, key, payload, fn, 0, false)
-}
-
-// RunOnceWait is RunOnce for a caller that waits only so long for another
-// caller's execution. If key is in flight when the call arrives, it waits at
-// most maxWait for the outcome (not at all if maxWait <= 0), then returns an
-// error matching ErrInProgress. If this call runs fn itself, maxWait does not
-// apply: it waits for its own execution under ctx, as RunOnce does. A server
-// uses it to answer a duplicate request with 409 Conflict after a bound, while
-// the first request, passing a context that cannot end, runs its handler on
-// its own goroutine.
-func (s *Store[R]) RunOnceWait(ctx context.Context, key string, payload any, maxWait time.Duration, fn func(context.Context) (R, error)) (R, error) {
-	return s.run(ctx, key, payload, fn, maxWait, true)
-}
-
-// run is RunOnce, with a bound on how long a duplicate waits if bounded is
-// set.
-func (s *Store[R]) run(ctx context.Context, key string, payload any, fn func(context.Context) (R, error), maxWait time.Duration, bounded bool) (R, error) {
 	var zero R
-	switch {
-	case ctx == nil:
-		return zero, errNilContext
-	case fn == nil:
+	if fn == nil {
 		return zero, errNilFunc
-	}
-	if err := ctx.Err(); err != nil {
-		return zero, err
-	}
-	if err := CheckKey(key); err != nil {
-		return zero, err
-	}
-	fp, err := s.opts.Fingerprint(payload)
-	if err != nil {
-		return zero, err
 	}
 	// A caller whose ctx can never end can never stop waiting, so it runs fn
 	// itself and pays for neither a goroutine nor a channel.
-	canLeave := ctx.Done() != nil
-	e, kind, err := s.claim(key, fp, canLeave)
-	if err == ErrFull && s.opts.Backend != nil {
-		return s.replayWhenFull(ctx, key, fp)
-	}
-	if err != nil {
+	var t Ticket[R]
+	canLeave := ctx != nil && ctx.Done() != nil
+	if err := s.begin(ctx, key, payload, canLeave, false, &t); err != nil {
 		return zero, err
 	}
-	switch kind {
-	case claimReplay:
-		return e.val, e.err
-	case claimWait:
-		if bounded {
-			if maxWait <= 0 {
-				return zero, ErrInProgress
-			}
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, maxWait)
-			defer cancel()
-		}
-		return wait(ctx, e)
+	if t.e == nil {
+		return t.val, t.err
 	}
 	if !canLeave {
-		s.execute(ctx, e, fn)
-		return e.val, e.err
+		return t.Do(fn)
 	}
-	go s.execute(context.WithoutCancel(ctx), e, fn)
-	return wait(ctx, e)
+	e := t.e
+	go t.detach().Do(fn)
+	if err := wait(ctx, e); err != nil {
+		return zero, err
+	}
+	return e.val, e.err
 }
 
 // claim claims key in the table. A full table is swept of expired entries
@@ -154,77 +115,6 @@ func (s *Store[R]) claim(key string, fp Fingerprint, wantDone bool) (*entry[R], 
 		}
 	}
 	return e, kind, err
-}
-
-// wait returns e's outcome once it is set, or an error matching both
-// ErrInProgress and ctx's error if ctx ends first.
-func wait[R any](ctx context.Context, e *entry[R]) (R, error) {
-	if testHookWait != nil {
-		testHookWait()
-	}
-	select {
-	case <-e.done:
-		return e.val, e.err
-	case <-ctx.Done():
-		select {
-		case <-e.done: // finished at the same moment: prefer the outcome
-			return e.val, e.err
-		default:
-			var zero R
-			return zero, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
-		}
-	}
-}
-
-// execute runs fn for the owned entry e and settles the outcome: a success or
-// final error completes e, anything else releases it.
-func (s *Store[R]) execute(ctx context.Context, e *entry[R], fn func(context.Context) (R, error)) {
-	if d := s.opts.ExecutionTimeout; d > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, d)
-		defer cancel()
-	}
-	// What waiters get if fn calls runtime.Goexit, which unwinds this
-	// goroutine past the assignments below; the deferred settle still runs.
-	e.err = errGoexit
-	keep := false // memory keeps the outcome and replays it until the TTL
-	pin := false  // memory keeps it for good: the backend could not settle it
-	defer func() {
-		switch {
-		case pin:
-			s.table.pin(e)
-		case keep:
-			s.table.complete(e, s.opts.Now().Add(s.opts.TTL))
-		default:
-			s.table.release(e)
-		}
-	}()
-	if s.opts.Backend != nil {
-		e.val, e.err, pin = s.executeDurable(ctx, e.key, e.fp, fn)
-		return
-	}
-	var returned bool
-	e.val, e.err, returned = call(ctx, fn)
-	keep = returned && isFinalOutcome(e.err)
-}
-
-// isFinalOutcome reports whether fn's error, from a normal return, ends the
-// operation for good: nil or marked Final.
-func isFinalOutcome(err error) bool { return err == nil || IsFinal(err) }
-
-// call runs fn. If fn panics, call returns its panic as a *PanicError and
-// returned false, whatever the panic value (even an error marked Final, or
-// nil under GODEBUG=panicnil=1).
-func call[R any](ctx context.Context, fn func(context.Context) (R, error)) (val R, err error, returned bool) {
-	defer func() {
-		if !returned {
-			v := recover()
-			var zero R
-			val, err = zero, &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	val, err = fn(ctx)
-	return val, err, true
 }
 
 // Forget drops key's remembered outcome, in memory and in the Backend, so the

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -311,41 +310,4 @@ func TestPayloadMismatch(t *testing.T) {
 	v, err := s.RunOnce(context.Background(), "k", "order-101", fn)
 	require.NoError(t, err)
 	assert.Equal(t, 101, v, "the original payload still replays")
-}
-
-func TestRunOnceWaitBoundsOnlyDuplicates(t *testing.T) {
-	s := newStore[int](t, Options{})
-	started, release := make(chan struct{}), make(chan struct{})
-	fn := func(context.Context) (int, error) {
-		close(started)
-		<-release
-		return 5, nil
-	}
-	// The owner is not bounded, even by a zero wait: it runs fn itself.
-	owner := make(chan outcome[int], 1)
-	go func() {
-		v, err := s.RunOnceWait(context.Background(), "k", "p", 0, fn)
-		owner <- outcome[int]{v, err}
-	}()
-	<-started
-
-	_, err := s.RunOnceWait(context.Background(), "k", "p", 0, fn)
-	assert.ErrorIs(t, err, ErrInProgress, "a zero wait answers at once")
-	_, err = s.RunOnceWait(context.Background(), "k", "p", time.Millisecond, fn)
-	assert.ErrorIs(t, err, ErrInProgress, "a duplicate gives up after its bound")
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-
-	parked := waitersParked(t, 1)
-	patient := make(chan outcome[int], 1)
-	go func() {
-		v, err := s.RunOnceWait(context.Background(), "k", "p", time.Hour, fn)
-		patient <- outcome[int]{v, err}
-	}()
-	<-parked
-	close(release)
-	for _, ch := range []chan outcome[int]{owner, patient} {
-		o := <-ch
-		require.NoError(t, o.err)
-		assert.Equal(t, 5, o.val)
-	}
 }

@@ -186,6 +186,15 @@ func (t *table[R]) release(e *entry[R]) {
 	t.running.Done()
 }
 
+// owns reports whether e is still its key's entry in flight: nobody has
+// settled it.
+func (t *table[R]) owns(e *entry[R]) bool {
+	sh := e.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.entries[e.key] == e && !e.completed
+}
+
 // inFlight reports whether key has an execution in flight in this table.
 func (t *table[R]) inFlight(key string) bool {
 	sh := t.shard(key)

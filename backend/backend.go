@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -151,4 +152,17 @@ type Backend interface {
 	// oldest expiry first, and returns how many it deleted. Pending and
 	// interrupted records are never swept.
 	Sweep(ctx context.Context, now time.Time, limit int) (int, error)
+}
+
+// Owned turns the result of a token-compared write that changed n records
+// into what Complete, Release and Renew return: err if the write failed, an
+// error matching ErrNotOwner naming key if it changed nothing, else nil.
+func Owned(n int64, err error, key string) error {
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return fmt.Errorf("%w: key %q", ErrNotOwner, key)
+	}
+	return nil
 }

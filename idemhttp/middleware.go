@@ -45,9 +45,11 @@ type Options struct {
 	// whitespace in JSON bodies.
 	Fingerprint func(r *http.Request, body []byte) (idem.Fingerprint, error)
 
-	// Wait bounds how long a request whose key is in flight waits for that
+	// Wait bounds how long a request whose key is in flight, here or on
+	// another instance sharing the store's Backend, waits for that
 	// execution's outcome, to replay it, before it is answered 409 with
-	// Retry-After. Zero means it is answered 409 at once.
+	// Retry-After. It bounds the whole claim, so it must also cover a round
+	// trip to the Backend. Zero or negative means 10 seconds.
 	Wait time.Duration
 
 	// RetryAfter is what a 409 for a key in flight, or a 503, tells the
@@ -86,6 +88,7 @@ type Options struct {
 var defaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Link"}
 
 const (
+	defaultWait           = 10 * time.Second
 	defaultRetryAfter     = time.Second
 	defaultMaxStoredBody  = 1 << 20
 	defaultMaxRequestBody = 1 << 20
@@ -135,6 +138,9 @@ func Middleware(store *idem.Store[Response], opts Options) func(http.Handler) ht
 	}
 	if g.opts.Fingerprint == nil {
 		g.opts.Fingerprint = RequestFingerprint
+	}
+	if g.opts.Wait <= 0 {
+		g.opts.Wait = defaultWait
 	}
 	if g.opts.RetryAfter <= 0 {
 		g.opts.RetryAfter = defaultRetryAfter
@@ -217,18 +223,29 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 	}
 
-	// The context cannot end, so if this request claims the key its handler
-	// runs right here, writing straight to the client; a duplicate waits at
-	// most opts.Wait.
+	// A duplicate waits at most opts.Wait, for a request in flight here or
+	// on another instance; if this request claims the key, its handler runs
+	// right here, writing straight to the client, under a context the
+	// client cannot cancel.
 	req := r.WithContext(ctx)
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	storeKey := key
 	if g.opts.Scope != nil {
 		storeKey = scopedKey(scope, key)
 	}
-	var rec *recorder // set if the handler runs for this request
-	resp, err := g.store.RunOnceWait(ctx, storeKey, fp[:], g.opts.Wait, func(ctx context.Context) (Response, error) {
-		rec = newRecorder(w, g.stored, g.opts.MaxStoredBody)
+	bctx, cancel := context.WithTimeout(ctx, g.opts.Wait)
+	defer cancel()
+	t, err := g.store.Begin(bctx, storeKey, fp[:])
+	if err != nil {
+		g.answer(w, req, next, Response{}, err)
+		return
+	}
+	if resp, err, ok := t.Replayed(); ok {
+		g.answer(w, req, next, resp, err)
+		return
+	}
+	rec := newRecorder(w, g.stored, g.opts.MaxStoredBody)
+	_, err = t.Do(func(ctx context.Context) (Response, error) {
 		next.ServeHTTP(rec, req.WithContext(ctx))
 		resp, ok := rec.response()
 		if !ok {
@@ -236,11 +253,7 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 		return resp, nil
 	})
-	if rec != nil {
-		g.afterRun(w, rec.resp.Status != 0, err)
-		return
-	}
-	g.answer(w, req, next, resp, err)
+	g.afterRun(w, rec.resp.Status != 0, err)
 }
 
 // afterRun finishes a request whose handler ran here and has written its

@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
@@ -234,29 +233,18 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 // Complete records the outcome, expiring ttl after the server's now.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
 	tag, err := b.pool.Exec(ctx, b.q.complete, rec.Key, rec.Token, micros(ttl), rec.Value, rec.Failed, rec.ErrMsg)
-	return owned(tag, err, rec.Key)
+	return backend.Owned(tag.RowsAffected(), err, rec.Key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
 	tag, err := b.pool.Exec(ctx, b.q.release, key, token)
-	return owned(tag, err, key)
+	return backend.Owned(tag.RowsAffected(), err, key)
 }
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
 	tag, err := b.pool.Exec(ctx, b.q.renew, key, token, micros(lease))
-	return owned(tag, err, key)
-}
-
-// owned turns a token-guarded write that changed no row into ErrNotOwner.
-func owned(tag pgconn.CommandTag, err error, key string) error {
-	switch {
-	case err != nil:
-		return err
-	case tag.RowsAffected() == 0:
-		return fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
-	}
-	return nil
+	return backend.Owned(tag.RowsAffected(), err, key)
 }
 
 // Get returns key's record as the server's clock sees it.

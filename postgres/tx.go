@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,11 +21,17 @@ import (
 // an error marked idem.Final, commits (a final error commits the key and its
 // error, but rolls fn's writes back).
 //
-// A concurrent duplicate blocks on the table's primary key until the first
-// transaction ends, then replays its outcome, or runs fn itself if the first
-// rolled back. A key reused with another payload is idem.ErrPayloadMismatch;
-// a key held by an ordinary, non-transactional RunOnce is idem.ErrInProgress
-// or, if its lease lapsed, idem.ErrOutcomeUnknown.
+// A duplicate in this process waits for the first call's outcome, as with
+// RunOnce (idem.Store.BeginLocal); one in another process blocks on the
+// table's primary key until the first transaction ends, then replays its
+// outcome, or runs fn itself if the first rolled back. A key reused with
+// another payload is idem.ErrPayloadMismatch; a key held by an ordinary,
+// non-transactional RunOnce elsewhere is idem.ErrInProgress or, if its lease
+// lapsed, idem.ErrOutcomeUnknown.
+//
+// fn and the transaction run under a context that keeps ctx's values but
+// not its cancellation, bounded by the store's ExecutionTimeout, so that a
+// caller that leaves does not fail the duplicates waiting on it.
 //
 // store supplies the fingerprint, codec and TTL; its Backend must be
 // a *Backend, whose table holds the key. fn must do its writes through tx,
@@ -41,14 +46,27 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 	case fn == nil:
 		return zero, errors.New("postgres: RunOnceTx with a nil fn")
 	}
-	if err := idem.CheckKey(key); err != nil {
+	t, err := store.BeginLocal(ctx, key, payload)
+	if err != nil {
 		return zero, err
+	}
+	defer t.Release()
+	if val, err, ok := t.Replayed(); ok {
+		return val, err
 	}
 	fp, err := opts.Fingerprint(payload)
 	if err != nil {
 		return zero, err
 	}
+	return t.Do(func(ctx context.Context) (R, error) {
+		return runOnceTx(ctx, store, b, key, fp, fn)
+	})
+}
 
+// runOnceTx claims key in a transaction of its own and, if it won the
+// claim, runs fn in it; otherwise it answers from the record that stands.
+func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, pgx.Tx) (R, error)) (R, error) {
+	var zero R
 	// Read committed, whatever the server's default: a duplicate must see
 	// the row the first transaction committed once it stops waiting on it.
 	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -132,9 +150,11 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 	if err != nil {
 		return val, &idem.BackendError{Op: "claim", Err: err}
 	}
-	val, err, returned := callTx(ctx, savepoint, fn)
-	if !returned || (err != nil && !idem.IsFinal(err)) {
-		return val, err // the deferred rollback takes the key and fn's writes away
+	// A panic in fn goes up to Ticket.Do, which reports it; the deferred
+	// rollback takes the key and fn's writes away, as for an error.
+	val, err = fn(ctx, savepoint)
+	if err != nil && !idem.IsFinal(err) {
+		return val, err
 	}
 	if err != nil { // final: keep the key and the error, not fn's writes
 		if rerr := savepoint.Rollback(ctx); rerr != nil {
@@ -189,16 +209,4 @@ func txToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
 	return "tx-" + hex.EncodeToString(b[:])
-}
-
-// callTx runs fn, turning a panic into an *idem.PanicError.
-func callTx[R any](ctx context.Context, tx pgx.Tx, fn func(context.Context, pgx.Tx) (R, error)) (val R, err error, returned bool) {
-	defer func() {
-		if !returned {
-			var zero R
-			val, err = zero, &idem.PanicError{Value: recover(), Stack: debug.Stack()}
-		}
-	}()
-	val, err = fn(ctx, tx)
-	return val, err, true
 }

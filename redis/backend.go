@@ -298,7 +298,7 @@ func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time,
 	score := time.Now().Add(ttl).UnixMilli()
 	if b.oneSlot { // the script adds the index entry too: one command
 		n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key), b.index}, rec.Token, enc, ms, rec.Key, score).Int64()
-		return owned(n, err, rec.Key)
+		return backend.Owned(n, err, rec.Key)
 	}
 	// On a Cluster the index is on another node: one round trip all the
 	// same, through a pipeline. Scripts in a pipeline go as EVAL, since a
@@ -314,30 +314,18 @@ func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time,
 		return err
 	}
 	n, err := complete.Int64()
-	return owned(n, err, rec.Key)
+	return backend.Owned(n, err, rec.Key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
 	n, err := releaseScript.Run(ctx, b.rdb, []string{b.key(key)}, token).Int64()
-	return owned(n, err, key)
+	return backend.Owned(n, err, key)
 }
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
 	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, millis(lease)).Int64()
-	return owned(n, err, key)
-}
-
-// owned turns a script that found the claim not held by the token into
-// ErrNotOwner.
-func owned(n int64, err error, key string) error {
-	switch {
-	case err != nil:
-		return err
-	case n == 0:
-		return fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
-	}
-	return nil
+	return backend.Owned(n, err, key)
 }
 
 // Get returns key's record as the server's clock sees it.

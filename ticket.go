@@ -1,0 +1,230 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/seed094d4201/idem/backend"
+)
+
+// A Ticket is one caller's part in a keyed operation, begun by
+// [Store.Begin]. Either it holds the operation's remembered outcome
+// (Replayed reports it) and there is nothing to do, or its caller owns the
+// key: it does the work in its own control flow, under Context, and hands
+// the outcome to Finish, which records it (a success, or an error marked
+// Final) or releases the key (anything else).
+//
+// Finish or Release must be called once the work is over, and a deferred
+// Release makes sure of it:
+//
+//	t, err := store.Begin(ctx, key, payload)
+//	if err != nil {
+//		return err
+//	}
+//	defer t.Release() // releases the key unless Finish was reached; a panic becomes a *PanicError
+//	if res, err, ok := t.Replayed(); ok {
+//		return use(res, err)
+//	}
+//	res, err := work(t.Context())
+//	res, err = t.Finish(res, err)
+//
+// While the ticket is open, duplicates in this process wait for its
+// outcome, the durable claim's lease is renewed, and Close waits for it. A
+// ticket dropped without Finish or Release is released when the garbage
+// collector finds it unreachable (its waiters get an error saying so), and
+// a durable claim whose owner process is gone lapses with its lease, as
+// for RunOnce.
+//
+// A Ticket is for one goroutine at a time, like the work it stands for:
+// Finish and Release must not be called concurrently.
+type Ticket[R any] struct {
+	s   *Store[R]
+	e   *entry[R]       // the key's entry, owned by this ticket; nil for a replay
+	ctx context.Context // Begin's: its values go into the work's context
+
+	// The durable claim, if the store has a Backend: Token is empty
+	// without one, and for a ticket whose caller keeps the record in a
+	// transaction of its own (local).
+	claim backend.Record
+	local bool
+
+	work   context.Context    // Context's; made on first use, or by Begin for a durable claim
+	cancel context.CancelFunc // ends work: its timeout, lease renewals; nil if there is nothing to end
+
+	finished bool // set by the first Finish or Release
+	val      R    // the replayed outcome, or what Finish returned
+	err      error
+}
+
+// errReleased is what the waiters of a ticket get when it is released
+// without Finish (and without a panic); errAbandoned when it was dropped.
+var (
+	errReleased  = errors.New("idem: the operation was released before it finished")
+	errAbandoned = errors.New("idem: the operation's Ticket was dropped without Finish or Release")
+)
+
+// Begin starts key's operation in two phases, for callers whose work does
+// not fit in a closure: a queue consumer, a handler that streams its
+// response. It claims key, or learns its outcome, as RunOnce does, and
+// returns a Ticket that says which:
+//
+//   - The outcome is remembered (Replayed reports true): it is returned
+//     without any work, as RunOnce returns a replay.
+//   - The key was absent: the caller owns it and must do the work, then call
+//     Finish with its outcome.
+//
+// A duplicate in flight in this process is waited for, and so, through a
+// shared Backend, is one in flight elsewhere: both waits end when ctx does,
+// with an error that matches both ErrInProgress and ctx.Err(). A shared
+// execution that failed before commit is returned as Begin's error, as
+// RunOnce returns it to the callers that waited on it. The other errors are
+// RunOnce's: ErrPayloadMismatch, ErrOutcomeUnknown, ErrInvalidKey, ErrFull,
+// ErrClosed, or a *BackendError.
+func (s *Store[R]) Begin(ctx context.Context, key string, payload any) (*Ticket[R], error) {
+	t := new(Ticket[R])
+	if err := s.begin(ctx, key, payload, false, false, t); err != nil {
+		return nil, err
+	}
+	if t.e != nil {
+		runtime.SetFinalizer(t, (*Ticket[R]).abandoned)
+	}
+	return t, nil
+}
+
+// BeginLocal is Begin for a caller that keeps key's durable record itself,
+// in a transaction that also holds the operation's own writes, such as
+// postgres.RunOnceTx: it claims key in this store's memory only, so that
+// duplicates in this process wait for Finish instead of for the
+// transaction, and neither it nor Finish writes to the Backend. Finish then
+// hands the outcome to those duplicates and forgets it; later calls read
+// the record the caller committed. Most callers want Begin.
+func (s *Store[R]) BeginLocal(ctx context.Context, key string, payload any) (*Ticket[R], error) {
+	t := new(Ticket[R])
+	if err := s.begin(ctx, key, payload, false, true, t); err != nil {
+		return nil, err
+	}
+	if t.e != nil {
+		runtime.SetFinalizer(t, (*Ticket[R]).abandoned)
+	}
+	return t, nil
+}
+
+// Replayed returns the remembered outcome, and true, when the ticket holds
+// one: the operation finished before, and there is nothing to do. It
+// returns false when the caller owns the key.
+func (t *Ticket[R]) Replayed() (R, error, bool) {
+	if t.e != nil {
+		var zero R
+		return zero, nil, false
+	}
+	return t.val, t.err, true
+}
+
+// Context returns the context to do the work under. It keeps the values of
+// Begin's ctx but not its cancellation, as RunOnce's fn does: the callers
+// waiting on this execution must not fail because the first one left. It
+// ends after Options.ExecutionTimeout, when the ticket is finished, and,
+// with a Backend, when the store stops trusting the claim's lease
+// ([context.Cause] is then ErrLeaseLost): the work should stop, since
+// another owner may take the key. For a replayed ticket it is Begin's ctx.
+func (t *Ticket[R]) Context() context.Context {
+	switch {
+	case t.e == nil:
+		return t.ctx
+	case t.work == nil:
+		t.work, t.cancel = t.s.workContext(t.ctx)
+	}
+	return t.work
+}
+
+// Finish ends the operation with the work's outcome and returns what the
+// caller should answer: val and err, joined with a *NotRecordedError if a
+// final outcome could not be recorded. A success, or an error marked
+// Final, is recorded and replayed to every caller with the key until it
+// expires; any other error (a *PanicError included) releases the key, so
+// the next call does the work again. Either way the duplicates waiting in
+// this process get the outcome. For a replayed ticket, or one already
+// finished, Finish changes nothing and returns the outcome the ticket
+// already holds.
+func (t *Ticket[R]) Finish(val R, err error) (R, error) {
+	if t.e == nil || t.finished {
+		return t.val, t.err
+	}
+	t.finished = true
+	t.val, t.err = t.s.finish(t, val, err)
+	return t.val, t.err
+}
+
+// Release releases the key of a ticket that was not finished, so the next
+// call does the work again; after Finish, and for a replayed ticket, it
+// does nothing. Deferred right after Begin, it also catches a panic in the
+// work: the waiters get it as a *PanicError, and the panic goes on up the
+// caller's stack.
+func (t *Ticket[R]) Release() {
+	if t.e == nil || t.finished {
+		return
+	}
+	var zero R
+	if v := recover(); v != nil {
+		t.Finish(zero, &PanicError{Value: v, Stack: debug.Stack()})
+		panic(v)
+	}
+	t.Finish(zero, errReleased)
+}
+
+// Do runs fn under the ticket's context and finishes the ticket with its
+// outcome, a panic in fn returned as a *PanicError. It is what RunOnce
+// does with the ticket it owns. For a replayed ticket it returns the
+// replay without calling fn.
+func (t *Ticket[R]) Do(fn func(context.Context) (R, error)) (R, error) {
+	if t.e == nil || t.finished {
+		return t.val, t.err
+	}
+	if fn == nil {
+		var zero R
+		return t.Finish(zero, errNilFunc)
+	}
+	defer func() {
+		if !t.finished { // fn called runtime.Goexit: it failed before commit
+			var zero R
+			t.Finish(zero, errGoexit)
+		}
+	}()
+	val, err, _ := call(t.Context(), fn)
+	return t.Finish(val, err)
+}
+
+// abandoned is the finalizer of a ticket dropped while it owned its key:
+// nothing can finish it any more, so it is released, off the finalizer
+// goroutine since a durable release may wait on the backend.
+func (t *Ticket[R]) abandoned() {
+	if !t.finished && t.s.table.owns(t.e) {
+		var zero R
+		go t.Finish(zero, errAbandoned)
+	}
+}
+
+// call runs fn. If fn panics, call returns its panic as a *PanicError and
+// returned false, whatever the panic value (even an error marked Final, or
+// nil under GODEBUG=panicnil=1).
+func call[R any](ctx context.Context, fn func(context.Context) (R, error)) (val R, err error, returned bool) {
+	defer func() {
+		if !returned {
+			v := recover()
+			var zero R
+			val, err = zero, &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	val, err = fn(ctx)
+	return val, err, true
+}
+
+// detach returns a copy of t on the heap, for a goroutine to finish while
+// t itself stays on its caller's stack.
+func (t *Ticket[R]) detach() *Ticket[R] {
+	h := new(Ticket[R])
+	*h = *t
+	return h
+}

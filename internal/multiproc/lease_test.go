@@ -41,6 +41,70 @@ func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind,
 	}
 }
 
+// A duplicate of a key in flight in another process waits only as long as
+// its own ctx, through RunOnce and Begin alike: it polls the backend, and
+// the poll ends with the ctx.
+func TestDuplicateOfAnotherProcessWaitsOnlyItsCtx(t *testing.T) {
+	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
+		holder := startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k")
+		defer holder.kill(t)
+		s := idem.New[int](idem.Options{Backend: b})
+		defer s.Close()
+		entries := map[string]func(ctx context.Context) error{
+			"RunOnce": func(ctx context.Context) error {
+				_, err := s.RunOnce(ctx, "k", "p", func(context.Context) (int, error) {
+					t.Error("fn ran while another process held the key")
+					return 0, nil
+				})
+				return err
+			},
+			"Begin": func(ctx context.Context) error {
+				tk, err := s.Begin(ctx, "k", "p")
+				if err == nil {
+					tk.Release()
+					t.Error("Begin claimed a key another process holds")
+				}
+				return err
+			},
+		}
+		for name, call := range entries {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			start := time.Now()
+			err := call(ctx)
+			took := time.Since(start)
+			cancel()
+			assert.ErrorIs(t, err, idem.ErrInProgress, name)
+			assert.ErrorIs(t, err, context.DeadlineExceeded, name)
+			assert.Less(t, took, 300*time.Millisecond, "%s waited past its ctx", name)
+		}
+	})
+}
+
+// A process that dies holding a claim taken through Begin leaves it as
+// RunOnce's would: in progress while its lease holds, then interrupted.
+func TestKilledTicketOwner(t *testing.T) {
+	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
+		startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k", beginEnv+"=1").kill(t)
+		s := idem.New[int](idem.Options{Backend: b})
+		defer s.Close()
+		short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_, err := s.Begin(short, "k", "p")
+		cancel()
+		assert.ErrorIs(t, err, idem.ErrInProgress, "the dead owner's lease still holds")
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			rec, _, err := b.Get(context.Background(), "k", time.Now())
+			require.NoError(t, err)
+			if rec.State == backend.StateInterrupted {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the lease never lapsed")
+			time.Sleep(50 * time.Millisecond)
+		}
+		_, err = s.Begin(context.Background(), "k", "p")
+		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	})
+}
+
 // A process that dies holding a claim: until its lease runs out others are
 // told the key is in progress; after, its outcome is unknown; and with
 // RetryInterrupted exactly one of many processes runs it again.

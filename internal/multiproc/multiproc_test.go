@@ -32,6 +32,7 @@ const (
 	holdEnv    = "IDEM_MULTIPROC_HOLD"  // set: claim this key, say "ready" inside fn, and block there
 	txEnv      = "IDEM_MULTIPROC_TX"    // with holdEnv: hold the key inside postgres.RunOnceTx, after a write to the effects table
 	retryEnv   = "IDEM_MULTIPROC_RETRY" // set: after "ready" and a line on stdin, run this key with RetryInterrupted, its effect an INSERT
+	beginEnv   = "IDEM_MULTIPROC_BEGIN" // with holdEnv: hold the key through Store.Begin instead of RunOnce
 )
 
 // holdLease is the lease of the claim a "hold" child takes.
@@ -89,6 +90,17 @@ func runChild() error {
 			return 7, err
 		})
 		return err
+	}
+	if key := os.Getenv(holdEnv); key != "" && os.Getenv(beginEnv) != "" {
+		store := idem.New[int](idem.Options{Backend: backend, Lease: holdLease})
+		t, err := store.Begin(ctx, key, "p")
+		if err != nil {
+			return err
+		}
+		defer t.Release()
+		fmt.Println("ready")
+		<-t.Context().Done() // until SIGKILL, or the lease is lost
+		return context.Cause(t.Context())
 	}
 	if key := os.Getenv(holdEnv); key != "" {
 		store := idem.New[int](idem.Options{Backend: backend, Lease: holdLease})

@@ -1,0 +1,229 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// begin calls s.Begin and requires that the caller owns the key.
+func begin(t *testing.T, s *Store[int], key string) *Ticket[int] {
+	t.Helper()
+	tk, err := s.Begin(context.Background(), key, "p")
+	require.NoError(t, err)
+	_, _, replayed := tk.Replayed()
+	require.False(t, replayed, "the key was expected to be free")
+	return tk
+}
+
+// beginAsync calls s.Begin in a new goroutine and delivers what it got: the
+// replayed outcome, or Begin's error.
+func beginAsync(ctx context.Context, s *Store[int], key string) <-chan outcome[int] {
+	ch := make(chan outcome[int], 1)
+	go func() {
+		tk, err := s.Begin(ctx, key, "p")
+		if err != nil {
+			ch <- outcome[int]{0, err}
+			return
+		}
+		v, err, ok := tk.Replayed()
+		if !ok {
+			tk.Release()
+			err = errors.New("Begin claimed a key in flight")
+		}
+		ch <- outcome[int]{v, err}
+	}()
+	return ch
+}
+
+func TestTicketFinishRecordsAndReplays(t *testing.T) {
+	s := newStore[int](t, Options{})
+	tk := begin(t, s, "k")
+	parked := waitersParked(t, 1)
+	dup := beginAsync(context.Background(), s, "k")
+	<-parked
+	v, err := tk.Finish(7, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 7, v)
+
+	o := <-dup
+	require.NoError(t, o.err, "the duplicate waited and replays")
+	assert.Equal(t, 7, o.val)
+
+	again, err := s.Begin(context.Background(), "k", "p")
+	require.NoError(t, err)
+	v, err, ok := again.Replayed()
+	assert.True(t, ok)
+	assert.NoError(t, err)
+	assert.Equal(t, 7, v)
+	v, err = s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 0, errors.New("ran again") })
+	assert.NoError(t, err)
+	assert.Equal(t, 7, v, "RunOnce replays what Finish recorded")
+
+	// Finish and Release after Finish change nothing.
+	v, err = tk.Finish(8, errors.New("late"))
+	assert.NoError(t, err)
+	assert.Equal(t, 7, v)
+	tk.Release()
+	v, _ = s.RunOnce(context.Background(), "k", "p", ranAgain)
+	assert.Equal(t, 7, v)
+}
+
+func ranAgain(context.Context) (int, error) { return 0, errors.New("fn ran") }
+
+func TestTicketTransientErrorReleases(t *testing.T) {
+	s := newStore[int](t, Options{})
+	tk := begin(t, s, "k")
+	parked := waitersParked(t, 1)
+	dup := beginAsync(context.Background(), s, "k")
+	<-parked
+	boom := errors.New("timeout talking to the bank")
+	_, err := tk.Finish(0, boom)
+	assert.ErrorIs(t, err, boom)
+	assert.ErrorIs(t, (<-dup).err, boom, "a duplicate that waited gets the failure as Begin's error")
+	begin(t, s, "k").Release() // the key is free again
+}
+
+func TestTicketFinalErrorIsRemembered(t *testing.T) {
+	s := newStore[int](t, Options{})
+	declined := Final(errors.New("card declined"))
+	_, err := begin(t, s, "k").Finish(0, declined)
+	assert.ErrorIs(t, err, declined)
+	tk, err := s.Begin(context.Background(), "k", "p")
+	require.NoError(t, err)
+	_, err, ok := tk.Replayed()
+	assert.True(t, ok)
+	assert.True(t, IsFinal(err))
+}
+
+// The documented pattern: a deferred Release catches a panic between Begin
+// and Finish, hands it to the waiters as a *PanicError, releases the key,
+// and lets the panic go on.
+func TestTicketReleaseCatchesAPanic(t *testing.T) {
+	s := newStore[int](t, Options{})
+	tk := begin(t, s, "k")
+	parked := waitersParked(t, 1)
+	dup := beginAsync(context.Background(), s, "k")
+	<-parked
+	recovered := func() (v any) {
+		defer func() { v = recover() }()
+		func() {
+			defer tk.Release()
+			panic("card reader on fire")
+		}()
+		return nil
+	}()
+	assert.Equal(t, "card reader on fire", recovered, "the panic goes on up the caller's stack")
+	var pe *PanicError
+	require.ErrorAs(t, (<-dup).err, &pe)
+	assert.Equal(t, "card reader on fire", pe.Value)
+	begin(t, s, "k").Release() // released, and the store still works
+}
+
+func TestTicketReleaseWithoutFinish(t *testing.T) {
+	s := newStore[int](t, Options{})
+	tk := begin(t, s, "k")
+	parked := waitersParked(t, 1)
+	dup := beginAsync(context.Background(), s, "k")
+	<-parked
+	tk.Release()
+	assert.ErrorIs(t, (<-dup).err, errReleased)
+	v, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 3, nil })
+	require.NoError(t, err)
+	assert.Equal(t, 3, v, "a released key runs again")
+}
+
+// A ticket dropped without Finish or Release does not hold its key for
+// ever: the garbage collector finds it and the key is released.
+func TestAbandonedTicketIsReleased(t *testing.T) {
+	s := New[int](Options{}) // not closed on failure: Close would wait for the key
+	defer func() {
+		if !t.Failed() {
+			_ = s.Close()
+		}
+	}()
+	func() {
+		_, err := s.Begin(context.Background(), "k", "p")
+		require.NoError(t, err)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.table.inFlight("k") {
+		require.True(t, time.Now().Before(deadline), "the abandoned ticket's key is still held")
+		runtime.GC()
+		runtime.Gosched()
+	}
+	begin(t, s, "k").Release()
+}
+
+func TestTicketContext(t *testing.T) {
+	type ctxKey struct{}
+	s := newStore[int](t, Options{ExecutionTimeout: time.Hour})
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+	tk, err := s.Begin(ctx, "k", "p")
+	require.NoError(t, err)
+	work := tk.Context()
+	cancel()
+	assert.Equal(t, "v", work.Value(ctxKey{}), "the work keeps Begin's values")
+	assert.NoError(t, work.Err(), "the caller's cancellation does not end the work")
+	_, hasDeadline := work.Deadline()
+	assert.True(t, hasDeadline, "ExecutionTimeout bounds the work")
+	tk.Finish(1, nil)
+	assert.Error(t, work.Err(), "the work's context ends with the ticket")
+
+	s = newStore[int](t, Options{ExecutionTimeout: time.Millisecond})
+	tk = begin(t, s, "k")
+	<-tk.Context().Done()
+	assert.ErrorIs(t, tk.Context().Err(), context.DeadlineExceeded)
+	tk.Release()
+}
+
+func TestBeginBadInput(t *testing.T) {
+	s := newStore[int](t, Options{})
+	//lint:ignore SA1012 a nil Context is the bad input under test
+	_, err := s.Begin(nil, "k", "p") //nolint:staticcheck
+	assert.ErrorIs(t, err, errNilContext)
+	_, err = s.Begin(context.Background(), "", "p")
+	assert.ErrorIs(t, err, ErrInvalidKey)
+	_, err = s.Begin(context.Background(), "k", make(chan int))
+	assert.Error(t, err, "a payload with no fingerprint")
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = s.Begin(done, "k", "p")
+	assert.ErrorIs(t, err, context.Canceled, "a done ctx claims nothing")
+	begin(t, s, "k").Release()
+
+	tk := begin(t, s, "k")
+	_, err = tk.Do(nil)
+	assert.ErrorIs(t, err, errNilFunc)
+	require.NoError(t, s.Close())
+	_, err = s.Begin(context.Background(), "k", "p")
+	assert.ErrorIs(t, err, ErrClosed)
+}
+
+// Close waits for an open ticket, as for an execution in flight.
+func TestCloseWaitsForAnOpenTicket(t *testing.T) {
+	s := New[int](Options{})
+	tk := begin(t, s, "k")
+	closed := make(chan struct{})
+	go func() { _ = s.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a ticket was open")
+	case <-time.After(20 * time.Millisecond):
+	}
+	tk.Finish(1, nil)
+	<-closed
+}
+
+func TestTicketDoRecoversAPanic(t *testing.T) {
+	s := newStore[int](t, Options{})
+	_, err := begin(t, s, "k").Do(func(context.Context) (int, error) { panic(Final(errors.New("declined"))) })
+	var pe *PanicError
+	require.ErrorAs(t, err, &pe)
+	begin(t, s, "k").Release() // a panic is never remembered, whatever its value
+}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -226,4 +227,67 @@ func TestTicketDoRecoversAPanic(t *testing.T) {
 	var pe *PanicError
 	require.ErrorAs(t, err, &pe)
 	begin(t, s, "k").Release() // a panic is never remembered, whatever its value
+}
+
+// heldElsewhere is a Backend whose every key is in flight through another
+// store until finished is closed, then completed with the value 5.
+type heldElsewhere struct {
+	finished chan struct{}
+}
+
+func (h heldElsewhere) record(key string, fp [32]byte) backend.Record {
+	select {
+	case <-h.finished:
+		return backend.Record{Key: key, Fingerprint: fp, Token: "other", State: backend.StateCompleted, Value: []byte("5")}
+	default:
+		return backend.Record{Key: key, Fingerprint: fp, Token: "other", State: backend.StatePending}
+	}
+}
+
+func (h heldElsewhere) Claim(_ context.Context, rec backend.Record, _ time.Time, _ time.Duration) (backend.Record, bool, error) {
+	return h.record(rec.Key, rec.Fingerprint), false, nil
+}
+
+func (h heldElsewhere) Get(_ context.Context, key string, _ time.Time) (backend.Record, bool, error) {
+	fp, _ := DefaultFingerprint("p")
+	return h.record(key, fp), true, nil
+}
+
+func (heldElsewhere) Complete(context.Context, backend.Record, time.Time, time.Duration) error {
+	return backend.ErrNotOwner
+}
+func (heldElsewhere) Release(context.Context, string, string) error { return backend.ErrNotOwner }
+func (heldElsewhere) Renew(context.Context, string, string, time.Time, time.Duration) error {
+	return backend.ErrNotOwner
+}
+func (heldElsewhere) Forget(context.Context, string, time.Time) error    { return nil }
+func (heldElsewhere) Sweep(context.Context, time.Time, int) (int, error) { return 0, nil }
+
+// A caller waiting here behind one that polls another store's claim is
+// not sent away when that one's ctx ends: it polls on under its own.
+func TestWaiterOutlivesAPollerThatGivesUp(t *testing.T) {
+	held := heldElsewhere{finished: make(chan struct{})}
+	s := newStore[int](t, Options{Backend: held})
+	parked := waitersParked(t, 1)
+	short, cancel := context.WithCancel(context.Background())
+	first := beginAsync(short, s, "k")
+	var patient <-chan outcome[int]
+	for patient == nil { // once the first caller polls, the second waits on it
+		if s.table.inFlight("k") {
+			patient = beginAsync(context.Background(), s, "k")
+		}
+		runtime.Gosched()
+	}
+	<-parked
+	cancel()
+	assert.ErrorIs(t, (<-first).err, ErrInProgress, "the first caller's ctx ended")
+	select {
+	case o := <-patient:
+		t.Fatalf("the patient caller was sent away with the first one's error: %v", o.err)
+	default:
+	}
+	close(held.finished)
+	o := <-patient
+	require.NoError(t, o.err)
+	assert.Equal(t, 5, o.val, "the patient caller replays the other store's outcome")
 }

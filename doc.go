@@ -21,6 +21,16 @@
 // A Store is safe for use by many goroutines. The zero [Options] keep
 // outcomes in memory for 24 hours.
 //
+// # Two phases
+//
+// RunOnce takes the operation as a closure. A caller whose work does not fit
+// in one, such as a queue consumer or a handler that streams its response,
+// uses the two halves RunOnce is made of: [Store.Begin] claims the key (or
+// returns the remembered outcome in a [Ticket]), the caller works in its
+// own control flow under [Ticket.Context], and [Ticket.Finish] records the
+// outcome or releases the key. A deferred [Ticket.Release] covers a panic
+// or an early return. The rules are RunOnce's in every respect.
+//
 // # Durability
 //
 // With Options.Backend set, the claim is durable before fn runs and the

@@ -53,7 +53,6 @@ func (s *Store[R]) begin(ctx context.Context, key string, payload any, wantDone,
 		}
 		t.e = e
 		if s.opts.Backend == nil || local {
-			t.local = local
 			return nil
 		}
 		return s.beginDurable(ctx, t)
@@ -86,9 +85,15 @@ func wait[R any](ctx context.Context, e *entry[R]) error {
 
 // workContext returns the context an owner works under: ctx's values
 // without its cancellation, bounded by Options.ExecutionTimeout.
-func (s *Store[R]) workContext(ctx context.Context) (context.Context, context.CancelFunc) {
+// d, if not nil, is where to keep the detached context.
+func (s *Store[R]) workContext(ctx context.Context, d *detached) (context.Context, context.CancelFunc) {
 	if ctx.Done() != nil {
-		ctx = context.WithoutCancel(ctx)
+		if d == nil {
+			ctx = context.WithoutCancel(ctx)
+		} else {
+			d.parent = ctx
+			ctx = d
+		}
 	}
 	if d := s.opts.ExecutionTimeout; d > 0 {
 		return context.WithTimeout(ctx, d)
@@ -104,7 +109,7 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	e := t.e
 	final := isFinalOutcome(err)
 	pin := false
-	if t.claim.Token != "" {
+	if t.claim != nil {
 		val, err, pin = s.finishDurable(t, val, err, final)
 	}
 	if t.cancel != nil {

@@ -28,9 +28,9 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			s.releaseOrLater(context.WithoutCancel(ctx), claim.Key, claim.Token)
 			err = &BackendError{Op: "claim", Err: errors.New("the lease ran out before the work could start")}
 		} else {
-			work, cancelWork := s.workContext(ctx)
+			work, cancelWork := s.workContext(ctx, nil)
 			work, stopRenewing := s.renew(work, claim, sent)
-			t.claim, t.work = claim, work
+			t.claim, t.work = &claim, work
 			t.cancel = func() {
 				stopRenewing()
 				if cancelWork != nil {
@@ -216,7 +216,7 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 // background instead.
 func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, _ error, pin bool) {
 	record := context.WithoutCancel(t.ctx)
-	claim := t.claim
+	claim := *t.claim
 	if !final {
 		if rerr := s.releaseOrLater(record, claim.Key, claim.Token); rerr != nil {
 			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), false

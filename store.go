@@ -94,7 +94,10 @@ func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func
 		return t.val, t.err
 	}
 	if !canLeave {
-		return t.Do(fn)
+		if t.work == nil { // a ctx that cannot end needs no detaching
+			t.work, t.cancel = s.workContext(ctx, nil)
+		}
+		return t.do(t.work, fn)
 	}
 	e := t.e
 	go t.detach().Do(fn)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"runtime/debug"
+	"time"
 
 	"github.com/seed094d4201/idem/backend"
 )
@@ -44,14 +45,14 @@ type Ticket[R any] struct {
 	e   *entry[R]       // the key's entry, owned by this ticket; nil for a replay
 	ctx context.Context // Begin's: its values go into the work's context
 
-	// The durable claim, if the store has a Backend: Token is empty
-	// without one, and for a ticket whose caller keeps the record in a
-	// transaction of its own (local).
-	claim backend.Record
-	local bool
+	// The durable claim, if the store has a Backend; nil without one, and
+	// for a ticket whose caller keeps the record in a transaction of its
+	// own (BeginLocal).
+	claim *backend.Record
 
-	work   context.Context    // Context's; made on first use, or by Begin for a durable claim
-	cancel context.CancelFunc // ends work: its timeout, lease renewals; nil if there is nothing to end
+	work     context.Context    // Context's; made on first use, or by Begin for a durable claim
+	cancel   context.CancelFunc // ends work: its timeout, lease renewals; nil if there is nothing to end
+	detached detached           // ctx without its cancellation, kept here to save an allocation
 
 	finished bool // set by the first Finish or Release
 	val      R    // the replayed outcome, or what Finish returned
@@ -134,7 +135,7 @@ func (t *Ticket[R]) Context() context.Context {
 	case t.e == nil:
 		return t.ctx
 	case t.work == nil:
-		t.work, t.cancel = t.s.workContext(t.ctx)
+		t.work, t.cancel = t.s.workContext(t.ctx, &t.detached)
 	}
 	return t.work
 }
@@ -182,17 +183,22 @@ func (t *Ticket[R]) Do(fn func(context.Context) (R, error)) (R, error) {
 	if t.e == nil || t.finished {
 		return t.val, t.err
 	}
+	return t.do(t.Context(), fn)
+}
+
+// do is Do under ctx. RunOnce calls it with a context that does not point
+// into t, so that t can stay on RunOnce's stack.
+func (t *Ticket[R]) do(ctx context.Context, fn func(context.Context) (R, error)) (R, error) {
+	var zero R
 	if fn == nil {
-		var zero R
 		return t.Finish(zero, errNilFunc)
 	}
 	defer func() {
 		if !t.finished { // fn called runtime.Goexit: it failed before commit
-			var zero R
 			t.Finish(zero, errGoexit)
 		}
 	}()
-	val, err, _ := call(t.Context(), fn)
+	val, err, _ := call(ctx, fn)
 	return t.Finish(val, err)
 }
 
@@ -228,3 +234,14 @@ func (t *Ticket[R]) detach() *Ticket[R] {
 	*h = *t
 	return h
 }
+
+// detached is a context with its parent's values but not its deadline nor
+// its cancellation, as context.WithoutCancel makes; a Ticket holds one so
+// that a fresh key costs no allocation for it.
+type detached struct{ parent context.Context }
+
+func (detached) Deadline() (deadline time.Time, ok bool) { return }
+func (detached) Done() <-chan struct{}                   { return nil }
+func (detached) Err() error                              { return nil }
+func (d detached) Value(key any) any                     { return d.parent.Value(key) }
+func (d detached) String() string                        { return "idem.detached" }

@@ -121,11 +121,32 @@ var idemDetached = impl{"idem-cancellable-ctx", func() (func(string), func()) {
 		}
 }}
 
+// idemBegin is idem's two phases: Begin, then Finish with fn's outcome, as
+// a queue consumer or an adapter calls them.
+var idemBegin = impl{"idem-begin-finish", func() (func(string), func()) {
+	s := idem.New[receipt](idem.Options{})
+	ctx := context.Background()
+	return func(key string) {
+			t, err := s.Begin(ctx, key, boxed)
+			if err != nil {
+				panic(err)
+			}
+			if _, _, ok := t.Replayed(); ok {
+				return
+			}
+			if _, err := t.Finish(fnReceipt, nil); err != nil {
+				panic(err)
+			}
+		}, func() {
+			s.Close()
+		}
+}}
+
 // BenchmarkNewKey runs every operation on a key never seen before: claim,
 // fingerprint, run fn (which returns at once), record and keep. Every
 // implementation grows to b.N keys, so compare runs with one -benchtime=Nx.
 func BenchmarkNewKey(b *testing.B) {
-	for _, im := range append(impls, idemDetached) {
+	for _, im := range append(impls, idemDetached, idemBegin) {
 		for _, g := range goroutines {
 			b.Run(fmt.Sprintf("impl=%s/g=%d", im.name, g), func(b *testing.B) {
 				keys := makeKeys(b.N)

@@ -26,6 +26,9 @@ func (s *Store[R]) begin(ctx context.Context, key string, payload any, wantDone,
 	}
 	t.s, t.ctx = s, ctx
 	for {
+		if err := ctx.Err(); err != nil { // only after a yield: checked above
+			return fmt.Errorf("%w: %w", ErrInProgress, err)
+		}
 		e, kind, err := s.claim(key, fp, wantDone)
 		if err == ErrFull && s.opts.Backend != nil && !local {
 			t.val, t.err, err = s.replayWhenFull(ctx, key, fp)

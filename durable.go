@@ -42,6 +42,12 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 	}
 	t.e = nil
 	if err != nil {
+		// A caller that left before it learnt the key's fate answers as
+		// any caller whose ctx ended; the waiters behind it, whose own
+		// contexts may still run, claim again.
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, ErrInProgress) {
+			err = fmt.Errorf("%w: %w", ErrInProgress, cerr)
+		}
 		e.err = err
 		if errors.Is(err, ErrInProgress) {
 			e.err = errYield
@@ -261,8 +267,29 @@ func (s *Store[R]) Encode(rec *backend.Record, val R, err error) error {
 		rec.ErrMsg = err.Error()
 	}
 	var merr error
-	rec.Value, merr = s.opts.Codec.Marshal(val)
+	rec.Value, merr = marshal(s.opts.Codec, val)
 	return merr
+}
+
+// marshal and unmarshal call the Codec, returning a panic in it (a
+// MarshalJSON that panics, say) as an error, so that it can neither leave
+// a key claimed nor escape the library.
+func marshal(c Codec, v any) (_ []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("idem: the Codec panicked encoding the outcome: %v", p)
+		}
+	}()
+	return c.Marshal(v)
+}
+
+func unmarshal(c Codec, data []byte, v any) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("idem: the Codec panicked decoding the outcome: %v", p)
+		}
+	}()
+	return c.Unmarshal(data, v)
 }
 
 // decode turns a completed record back into the outcome it recorded. A final
@@ -270,7 +297,7 @@ func (s *Store[R]) Encode(rec *backend.Record, val R, err error) error {
 func (s *Store[R]) decode(rec backend.Record) (R, error) {
 	var val R
 	if len(rec.Value) > 0 {
-		if err := s.opts.Codec.Unmarshal(rec.Value, &val); err != nil {
+		if err := unmarshal(s.opts.Codec, rec.Value, &val); err != nil {
 			return val, fmt.Errorf("idem: decoding recorded outcome: %w", err)
 		}
 	}

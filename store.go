@@ -99,8 +99,11 @@ func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func
 		}
 		return t.do(t.work, fn)
 	}
-	e := t.e
-	go t.detach().Do(fn)
+	e, h := t.e, t.detach()
+	if h.work == nil {
+		h.work, h.cancel = s.workContext(ctx, &h.detached)
+	}
+	go h.do(h.work, fn)
 	if err := wait(ctx, e); err != nil {
 		return zero, err
 	}

@@ -88,9 +88,7 @@ func (s *Store[R]) Begin(ctx context.Context, key string, payload any) (*Ticket[
 	if err := s.begin(ctx, key, payload, false, false, t); err != nil {
 		return nil, err
 	}
-	if t.e != nil {
-		runtime.SetFinalizer(t, (*Ticket[R]).abandoned)
-	}
+	t.open()
 	return t, nil
 }
 
@@ -106,10 +104,21 @@ func (s *Store[R]) BeginLocal(ctx context.Context, key string, payload any) (*Ti
 	if err := s.begin(ctx, key, payload, false, true, t); err != nil {
 		return nil, err
 	}
-	if t.e != nil {
-		runtime.SetFinalizer(t, (*Ticket[R]).abandoned)
-	}
+	t.open()
 	return t, nil
+}
+
+// open readies a ticket that Begin or BeginLocal returns: an owner's
+// ExecutionTimeout runs from now, and a finalizer releases the key if the
+// ticket is dropped unfinished.
+func (t *Ticket[R]) open() {
+	if t.e == nil {
+		return
+	}
+	if t.work == nil && t.s.opts.ExecutionTimeout > 0 {
+		t.Context()
+	}
+	runtime.SetFinalizer(t, (*Ticket[R]).abandoned)
 }
 
 // Replayed returns the remembered outcome, and true, when the ticket holds
@@ -134,8 +143,15 @@ func (t *Ticket[R]) Context() context.Context {
 	switch {
 	case t.e == nil:
 		return t.ctx
+	case t.work == nil && t.finished:
+		var cancel context.CancelFunc
+		t.work, cancel = context.WithCancel(context.WithoutCancel(t.ctx))
+		cancel()
 	case t.work == nil:
-		t.work, t.cancel = t.s.workContext(t.ctx, &t.detached)
+		// Not t.detached: a ticket whose context points into it, through
+		// a timeout's context, is a cycle its finalizer would never see
+		// collected. RunOnce's tickets, which have no finalizer, use it.
+		t.work, t.cancel = t.s.workContext(t.ctx, nil)
 	}
 	return t.work
 }

@@ -212,6 +212,20 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
+// within receives from ch and reports true, or reports false after d. It
+// may be called from any goroutine.
+func within[T any](ch <-chan T, d time.Duration) (T, bool) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v, true
+	case <-timer.C:
+		var zero T
+		return zero, false
+	}
+}
+
 // waitFrame begins the traceback line of idem's wait function, where a
 // caller parks while its key is in flight in this process.
 var waitFrame = []byte(reflect.TypeOf(idem.Options{}).PkgPath() + ".wait[")

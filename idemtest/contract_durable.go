@@ -69,9 +69,12 @@ func testLeaseIsRenewed(c *contract) {
 				break
 			}
 			pctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			_, err := c.run(other, pctx, "k", "p", counting(&calls))
+			o, ok := within(c.async(other, pctx, "k", "p", counting(&calls)), time.Second)
 			cancel()
-			probes = append(probes, err)
+			if !ok {
+				o.err = errors.New("the other store's call outlived its ctx by a second")
+			}
+			probes = append(probes, o.err)
 		}
 		sleepUntil(ctx, begun.Add(time.Second))
 		cause = context.Cause(ctx)

@@ -26,3 +26,24 @@ func TestConformance(t *testing.T) {
 		return b
 	})
 }
+
+// TestContract runs the store-level contract through RunOnce and Begin over
+// a bolt file, reopening the file for the restart and crash tests.
+func TestContract(t *testing.T) {
+	paths := map[backend.Backend]string{}
+	idemtest.RunContract(t, idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, path := openTemp(t, nil)
+			paths[b] = path
+			return b
+		},
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			require.NoError(t, b.(*Backend).Close())
+			reopened, err := Open(paths[b], nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = reopened.Close() })
+			paths[reopened] = paths[b]
+			return reopened
+		},
+	})
+}

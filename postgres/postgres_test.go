@@ -97,3 +97,16 @@ func TestConcurrentNewOnFreshTable(t *testing.T) {
 		}
 	}
 }
+
+// TestContract runs the store-level contract through RunOnce and Begin over
+// a table of its own; leases and expiry go by the server's clock.
+func TestContract(t *testing.T) {
+	pool := testPool(t)
+	idemtest.RunContract(t, idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, _ := testBackend(t, pool)
+			return b
+		},
+		ServerClock: true,
+	})
+}

@@ -51,3 +51,15 @@ func TestConformance(t *testing.T) {
 		return testBackend(t, rdb)
 	})
 }
+
+// TestContract runs the store-level contract through RunOnce and Begin under
+// a prefix of its own; leases and expiry go by the server's TIME.
+func TestContract(t *testing.T) {
+	rdb := testClient(t)
+	idemtest.RunContract(t, idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			return testBackend(t, rdb)
+		},
+		ServerClock: true,
+	})
+}

@@ -102,10 +102,20 @@ func TestConcurrentNewOnFreshTable(t *testing.T) {
 // a table of its own; leases and expiry go by the server's clock.
 func TestContract(t *testing.T) {
 	pool := testPool(t)
+	tables := map[backend.Backend]string{}
 	idemtest.RunContract(t, idemtest.Harness{
 		Backend: func(t *testing.T) backend.Backend {
-			b, _ := testBackend(t, pool)
+			b, table := testBackend(t, pool)
+			tables[b] = table
 			return b
+		},
+		// A restart is a new Backend over the same table, as a new process
+		// makes.
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			reopened, err := New(context.Background(), pool, Options{Table: tables[b]})
+			require.NoError(t, err)
+			tables[reopened] = tables[b]
+			return reopened
 		},
 		ServerClock: true,
 	})

@@ -292,3 +292,15 @@ func testForget(t *testing.T, b *Backend) {
 	}
 	require.NoError(t, other.Forget(ctx, "held"), "once completed, it can be forgotten")
 }
+
+// TestContractCluster runs the store-level contract through RunOnce and
+// Begin against a real Redis Cluster.
+func TestContractCluster(t *testing.T) {
+	rdb := testClusterClient(t)
+	idemtest.RunContract(t, idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			return testClusterBackend(t, rdb)
+		},
+		ServerClock: true,
+	})
+}

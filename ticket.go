@@ -54,9 +54,10 @@ type Ticket[R any] struct {
 	cancel   context.CancelFunc // ends work: its timeout, lease renewals; nil if there is nothing to end
 	detached detached           // ctx without its cancellation, kept here to save an allocation
 
-	finished bool // set by the first Finish or Release
-	val      R    // the replayed outcome, or what Finish returned
-	err      error
+	finished  bool // set by the first Finish or Release
+	finalizer bool // a finalizer is set: Begin and BeginLocal's tickets
+	val       R    // the replayed outcome, or what Finish returned
+	err       error
 }
 
 // errReleased is what the waiters of a ticket get when it is released
@@ -118,6 +119,7 @@ func (t *Ticket[R]) open() {
 	if t.work == nil && t.s.opts.ExecutionTimeout > 0 {
 		t.Context()
 	}
+	t.finalizer = true
 	runtime.SetFinalizer(t, (*Ticket[R]).abandoned)
 }
 
@@ -170,6 +172,9 @@ func (t *Ticket[R]) Finish(val R, err error) (R, error) {
 		return t.val, t.err
 	}
 	t.finished = true
+	if t.finalizer {
+		runtime.SetFinalizer(t, nil) // nothing left to release: spare the collector the call
+	}
 	t.val, t.err = t.s.finish(t, val, err)
 	return t.val, t.err
 }

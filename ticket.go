@@ -168,15 +168,28 @@ func (t *Ticket[R]) Context() context.Context {
 // finished, Finish changes nothing and returns the outcome the ticket
 // already holds.
 func (t *Ticket[R]) Finish(val R, err error) (R, error) {
+	t.dropFinalizer()
+	return t.settle(val, err)
+}
+
+// settle is Finish without touching the finalizer, so that RunOnce's
+// ticket, which has none, can stay on the stack.
+func (t *Ticket[R]) settle(val R, err error) (R, error) {
 	if t.e == nil || t.finished {
 		return t.val, t.err
 	}
 	t.finished = true
-	if t.finalizer {
-		runtime.SetFinalizer(t, nil) // nothing left to release: spare the collector the call
-	}
 	t.val, t.err = t.s.finish(t, val, err)
 	return t.val, t.err
+}
+
+// dropFinalizer removes the finalizer of a ticket about to be finished:
+// there will be nothing left to release, so the collector need not call it.
+func (t *Ticket[R]) dropFinalizer() {
+	if t.finalizer {
+		t.finalizer = false
+		runtime.SetFinalizer(t, nil)
+	}
 }
 
 // Release releases the key of a ticket that was not finished, so the next
@@ -204,6 +217,7 @@ func (t *Ticket[R]) Do(fn func(context.Context) (R, error)) (R, error) {
 	if t.e == nil || t.finished {
 		return t.val, t.err
 	}
+	t.dropFinalizer() // t is held until fn returns
 	return t.do(t.Context(), fn)
 }
 
@@ -212,15 +226,15 @@ func (t *Ticket[R]) Do(fn func(context.Context) (R, error)) (R, error) {
 func (t *Ticket[R]) do(ctx context.Context, fn func(context.Context) (R, error)) (R, error) {
 	var zero R
 	if fn == nil {
-		return t.Finish(zero, errNilFunc)
+		return t.settle(zero, errNilFunc)
 	}
 	defer func() {
 		if !t.finished { // fn called runtime.Goexit: it failed before commit
-			t.Finish(zero, errGoexit)
+			t.settle(zero, errGoexit)
 		}
 	}()
 	val, err, _ := call(ctx, fn)
-	return t.Finish(val, err)
+	return t.settle(val, err)
 }
 
 // abandoned is the finalizer of a ticket dropped while it owned its key:
@@ -229,7 +243,7 @@ func (t *Ticket[R]) do(ctx context.Context, fn func(context.Context) (R, error))
 func (t *Ticket[R]) abandoned() {
 	if !t.finished && t.s.table.owns(t.e) {
 		var zero R
-		go t.Finish(zero, errAbandoned)
+		go t.settle(zero, errAbandoned)
 	}
 }
 

@@ -25,7 +25,7 @@ func (c *charges) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", fmt.Sprintf("/charges/%d", n))
 	w.Header().Set("Set-Cookie", "session=secret")
-	w.Header().Set("X-Not-Allowed", "dropped on replay")
+	w.Header().Set("X-Custom", "replayed too")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"charge":%d,"request":%q}`, n, body)
 }

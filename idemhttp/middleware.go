@@ -56,16 +56,22 @@ type Options struct {
 	// client to wait. Zero means one second.
 	RetryAfter time.Duration
 
-	// StoredHeaders are the response headers remembered and replayed with
-	// the status and body. Set-Cookie, Authorization and hop-by-hop headers
-	// are never stored, even if listed. Nil means Content-Type,
-	// Content-Language, Content-Location, Location, ETag, Last-Modified and
-	// Link.
+	// StoredHeaders, if not nil, are the only response headers remembered
+	// and replayed with the status and body. Nil means every header the
+	// handler set (Content-Type, Content-Encoding, Content-Disposition,
+	// Location, ETag, ...), but those in SkipHeaders. Either way hop-by-hop
+	// headers, Set-Cookie, Authorization, Proxy-Authenticate,
+	// WWW-Authenticate, Content-Length and Date are never stored: a replay
+	// carries credentials of no one, and a fresh Date and length.
 	StoredHeaders []string
 
+	// SkipHeaders are response headers never remembered, besides those
+	// above, such as a per-response X-Request-Id. Nil means none.
+	SkipHeaders []string
+
 	// MaxStoredBody bounds the response body remembered, in bytes. A larger
-	// response is delivered but not remembered, and its key is released.
-	// Zero means 1 MiB.
+	// response is delivered whole; its outcome is remembered without the
+	// body (see Middleware). Zero means 1 MiB.
 	MaxStoredBody int
 
 	// MaxRequestBody bounds the request body read to fingerprint it; a
@@ -78,14 +84,18 @@ type Options struct {
 	// twice. Other store failures are 503 all the same.
 	FailOpen bool
 
+	// WriteError answers a request the middleware refuses or cannot serve
+	// (400, 409, 413, 422, 500, 503), so that a service can answer in its
+	// own error format. The middleware has already set Retry-After where it
+	// applies. Nil means an RFC 9457 application/problem+json body.
+	WriteError func(w http.ResponseWriter, r *http.Request, p Problem)
+
 	// Logger receives what cannot be told to the client: a handler panic, an
-	// outcome the backend failed to record. Nil means slog.Default().
+	// outcome the backend failed to record. Refusals a client can cause at
+	// will (a full store, a key in flight) are logged at Debug at most, so
+	// that no client can flood the log. Nil means slog.Default().
 	Logger *slog.Logger
 }
-
-// defaultStoredHeaders are the response headers remembered when
-// Options.StoredHeaders is nil.
-var defaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Link"}
 
 const (
 	defaultWait           = 10 * time.Second
@@ -98,7 +108,7 @@ const (
 type guard struct {
 	opts    Options
 	methods map[string]bool
-	stored  map[string]bool
+	headers headerPolicy
 	store   *idem.Store[Response]
 }
 
@@ -123,18 +133,12 @@ type guard struct {
 // lost. The store's own options (TTL, Backend) decide how long and where
 // responses are kept.
 func Middleware(store *idem.Store[Response], opts Options) func(http.Handler) http.Handler {
-	g := &guard{opts: opts, store: store, methods: make(map[string]bool), stored: make(map[string]bool)}
+	g := &guard{opts: opts, store: store, methods: make(map[string]bool), headers: newHeaderPolicy(opts.StoredHeaders, opts.SkipHeaders)}
 	if g.opts.Methods == nil {
 		g.opts.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	for _, m := range g.opts.Methods {
 		g.methods[m] = true
-	}
-	if g.opts.StoredHeaders == nil {
-		g.opts.StoredHeaders = defaultStoredHeaders
-	}
-	for _, h := range g.opts.StoredHeaders {
-		g.stored[http.CanonicalHeaderKey(h)] = true
 	}
 	if g.opts.Fingerprint == nil {
 		g.opts.Fingerprint = RequestFingerprint
@@ -153,6 +157,9 @@ func Middleware(store *idem.Store[Response], opts Options) func(http.Handler) ht
 	}
 	if g.opts.Logger == nil {
 		g.opts.Logger = slog.Default()
+	}
+	if g.opts.WriteError == nil {
+		g.opts.WriteError = WriteProblem
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serve(w, r, next) })
@@ -179,27 +186,27 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	values := r.Header.Values(Header)
 	switch {
 	case len(values) == 0 && g.opts.Required:
-		writeProblem(w, http.StatusBadRequest, "This request needs an Idempotency-Key header.", 0)
+		g.fail(w, r, http.StatusBadRequest, "This request needs an Idempotency-Key header.", 0, nil)
 		return
 	case len(values) == 0:
 		next.ServeHTTP(w, r)
 		return
 	case len(values) > 1:
-		writeProblem(w, http.StatusBadRequest, "Send one Idempotency-Key header, not several.", 0)
+		g.fail(w, r, http.StatusBadRequest, "Send one Idempotency-Key header, not several.", 0, nil)
 		return
 	}
 	key, err := ParseKey(values[0])
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0)
+		g.fail(w, r, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0, err)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxRequestBody))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			writeProblem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("The request body is larger than %d bytes.", tooLarge.Limit), 0)
+			g.fail(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("The request body is larger than %d bytes.", tooLarge.Limit), 0, err)
 		} else {
-			writeProblem(w, http.StatusBadRequest, "Reading the request body: "+err.Error(), 0)
+			g.fail(w, r, http.StatusBadRequest, "Reading the request body: "+err.Error(), 0, err)
 		}
 		return
 	}
@@ -211,14 +218,14 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	fpReq.Body = io.NopCloser(bytes.NewReader(body))
 	fp, err := g.opts.Fingerprint(fpReq, body)
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, err.Error(), 0)
+		g.fail(w, r, http.StatusBadRequest, err.Error(), 0, err)
 		return
 	}
 	scope := ""
 	if g.opts.Scope != nil {
 		if scope, err = g.opts.Scope(r); err != nil {
 			g.opts.Logger.Error("idemhttp: scope", "err", err)
-			writeProblem(w, http.StatusInternalServerError, "The request's scope could not be determined.", 0)
+			g.fail(w, r, http.StatusInternalServerError, "The request's scope could not be determined.", 0, err)
 			return
 		}
 	}
@@ -244,7 +251,7 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		g.answer(w, req, next, resp, err)
 		return
 	}
-	rec := newRecorder(w, g.stored, g.opts.MaxStoredBody)
+	rec := newRecorder(w, g.headers, g.opts.MaxStoredBody)
 	_, err = t.Do(func(ctx context.Context) (Response, error) {
 		next.ServeHTTP(rec, req.WithContext(ctx))
 		resp, ok := rec.response()
@@ -253,12 +260,12 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 		return resp, nil
 	})
-	g.afterRun(w, rec.resp.Status != 0, err)
+	g.afterRun(w, req, rec.resp.Status != 0, err)
 }
 
 // afterRun finishes a request whose handler ran here and has written its
 // response, or started to (written).
-func (g *guard) afterRun(w http.ResponseWriter, written bool, err error) {
+func (g *guard) afterRun(w http.ResponseWriter, r *http.Request, written bool, err error) {
 	var pe *idem.PanicError
 	var nr *idem.NotRecordedError
 	switch {
@@ -273,9 +280,9 @@ func (g *guard) afterRun(w http.ResponseWriter, written bool, err error) {
 			// the client does not take it for a whole one.
 			panic(http.ErrAbortHandler)
 		}
-		writeProblem(w, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0)
+		g.fail(w, r, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0, err)
 	case errors.As(err, &nr):
-		g.opts.Logger.Error("idemhttp: response delivered but not recorded; its key stays claimed", "err", err)
+		g.opts.Logger.Error("idemhttp: response delivered but not yet recorded; retries replay it from memory while the store goes on recording it", "err", err)
 	default:
 		if _, plain := err.(*notStored); !plain { // a release that failed too
 			g.opts.Logger.Error("idemhttp: releasing the key of an unremembered response", "err", err)
@@ -288,31 +295,49 @@ func (g *guard) afterRun(w http.ResponseWriter, written bool, err error) {
 func (g *guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error) {
 	var ns *notStored
 	var pe *idem.PanicError
+	var nr *idem.NotRecordedError
 	switch {
 	case err == nil:
+		resp.write(w)
+	case errors.As(err, &nr) && resp.Status != 0:
+		// Remembered in this process while the store records it: the
+		// handler finished, so its response is the answer.
 		resp.write(w)
 	case errors.As(err, &ns) && ns.complete:
 		ns.resp.write(w) // the shared execution's outcome, not kept for later
 	case errors.As(err, &ns):
-		writeProblem(w, http.StatusConflict, "The request with this Idempotency-Key streamed its response, which cannot be replayed; retry with the same key.", g.opts.RetryAfter)
+		g.fail(w, req, http.StatusConflict, "The request with this Idempotency-Key failed while streaming its response; retry with the same key.", g.opts.RetryAfter, err)
 	case errors.As(err, &pe):
-		writeProblem(w, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0)
+		g.fail(w, req, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0, err)
 	case errors.Is(err, idem.ErrPayloadMismatch):
-		writeProblem(w, http.StatusUnprocessableEntity, "This Idempotency-Key was used with a different request.", 0)
+		g.fail(w, req, http.StatusUnprocessableEntity, "This Idempotency-Key was used with a different request.", 0, err)
 	case errors.Is(err, idem.ErrInProgress):
-		writeProblem(w, http.StatusConflict, "A request with this Idempotency-Key is still being processed; retry with the same key.", g.opts.RetryAfter)
+		g.fail(w, req, http.StatusConflict, "A request with this Idempotency-Key is still being processed; retry with the same key.", g.opts.RetryAfter, err)
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		// Not 409: retrying cannot help until an operator reconciles the key.
-		writeProblem(w, http.StatusInternalServerError, "A request with this Idempotency-Key was interrupted and its outcome is unknown; it needs an operator.", 0)
+		g.fail(w, req, http.StatusInternalServerError, "A request with this Idempotency-Key was interrupted and its outcome is unknown; it needs an operator.", 0, err)
 	case errors.Is(err, idem.ErrInvalidKey):
-		writeProblem(w, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0)
+		g.fail(w, req, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0, err)
+	case errors.Is(err, idem.ErrFull):
+		// A client can cause this at will: Debug, never a log flood.
+		g.opts.Logger.Debug("idemhttp: store full; request refused", "err", err)
+		g.fail(w, req, http.StatusServiceUnavailable, "The server holds as many requests in flight as it can track; retry later with the same key.", g.opts.RetryAfter, err)
 	case g.opts.FailOpen && isClaimFailure(err):
 		g.opts.Logger.Warn("idemhttp: store unavailable; running the handler unguarded (FailOpen)", "err", err)
 		next.ServeHTTP(w, req)
 	default:
 		g.opts.Logger.Error("idemhttp: store unavailable", "err", err)
-		writeProblem(w, http.StatusServiceUnavailable, "Idempotency keys cannot be checked right now; retry with the same key.", g.opts.RetryAfter)
+		g.fail(w, req, http.StatusServiceUnavailable, "Idempotency keys cannot be checked right now; retry with the same key.", g.opts.RetryAfter, err)
 	}
+}
+
+// fail answers status through Options.WriteError, with Retry-After set
+// first when retryAfter is positive.
+func (g *guard) fail(w http.ResponseWriter, r *http.Request, status int, detail string, retryAfter time.Duration, cause error) {
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(time.Second, retryAfter+time.Second-1)/time.Second)))
+	}
+	g.opts.WriteError(w, r, Problem{Status: status, Detail: detail, Err: cause})
 }
 
 // isClaimFailure reports whether err says the backend could not claim the

@@ -3,32 +3,36 @@ package idemhttp
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
-	"time"
 )
 
-// A problem is an RFC 9457 problem details object.
-type problem struct {
+// A Problem is why the middleware answers a request itself instead of
+// running or replaying its handler. Options.WriteError turns it into a
+// response.
+type Problem struct {
+	Status int    // the HTTP status to answer
+	Detail string // for the client: what happened and what to do
+	Err    error  // the cause, for errors.Is (idem.ErrPayloadMismatch, ...); nil for a malformed request
+}
+
+// problemJSON is an RFC 9457 problem details object.
+type problemJSON struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
 }
 
-// writeProblem answers with an application/problem+json body. retryAfter,
-// if positive, becomes a Retry-After header in whole seconds, at least one.
-func writeProblem(w http.ResponseWriter, status int, detail string, retryAfter time.Duration) {
+// WriteProblem is the default Options.WriteError: an RFC 9457
+// application/problem+json body, not to be cached.
+func WriteProblem(w http.ResponseWriter, _ *http.Request, p Problem) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	if retryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(int(max(time.Second, retryAfter+time.Second-1)/time.Second)))
-	}
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(problem{
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(problemJSON{
 		Type:   "about:blank",
-		Title:  http.StatusText(status),
-		Status: status,
-		Detail: detail,
+		Title:  http.StatusText(p.Status),
+		Status: p.Status,
+		Detail: p.Detail,
 	})
 }

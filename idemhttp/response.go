@@ -7,12 +7,25 @@ import (
 )
 
 // A Response is what the middleware remembers for a key and replays: the
-// status, the allowed headers and the body.
+// status, the stored headers and the body.
 type Response struct {
 	Status int         `json:"status"`
 	Header http.Header `json:"header,omitempty"`
 	Body   []byte      `json:"body,omitempty"`
+
+	// Omitted says why the body was not kept, for a response whose status
+	// is remembered but whose body could not be: "streamed" (the handler
+	// flushed or hijacked) or "too-large" (past Options.MaxStoredBody).
+	// Empty when Body is the whole body.
+	Omitted string `json:"omitted,omitempty"`
 }
+
+// BodyOmittedHeader marks a replay whose original body was not kept: the
+// handler ran and answered with the replayed status, and the header's value
+// says why the body is missing ("streamed" or "too-large"). A client must
+// not run the request again to get the body; it can fetch the resource (the
+// replay keeps Location) instead.
+const BodyOmittedHeader = "Idempotent-Body-Omitted"
 
 // write sends r to w, marked as a replay.
 func (r *Response) write(w http.ResponseWriter) {
@@ -21,16 +34,53 @@ func (r *Response) write(w http.ResponseWriter) {
 		h[k] = append([]string(nil), v...)
 	}
 	h.Set(ReplayedHeader, "true")
+	if r.Omitted != "" {
+		h.Set(BodyOmittedHeader, r.Omitted)
+	}
 	w.WriteHeader(r.Status)
 	_, _ = w.Write(r.Body)
 }
 
-// neverStored are headers that are never remembered, even if allowlisted:
-// credentials, and hop-by-hop headers that describe one connection.
+// neverStored are headers that are never remembered, whatever the options:
+// credentials, hop-by-hop headers that describe one connection, and what
+// net/http makes afresh for each response.
 var neverStored = map[string]bool{
 	"Set-Cookie": true, "Authorization": true, "Proxy-Authorization": true, "Proxy-Authenticate": true,
-	"Www-Authenticate": true, "Connection": true, "Keep-Alive": true, "Te": true, "Trailer": true,
-	"Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, ReplayedHeader: true,
+	"Www-Authenticate": true, "Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Date": true,
+	ReplayedHeader: true, BodyOmittedHeader: true,
+}
+
+// bodyHeaders describe a body's bytes: a response replayed without its body
+// does not carry them.
+var bodyHeaders = []string{"Content-Type", "Content-Encoding", "Content-Range", "Content-Disposition", "Content-Digest", "Repr-Digest", "Digest"}
+
+// A headerPolicy says which response headers are remembered.
+type headerPolicy struct {
+	only map[string]bool // nil: every header but the skipped ones
+	skip map[string]bool
+}
+
+func newHeaderPolicy(only, skip []string) headerPolicy {
+	set := func(names []string) map[string]bool {
+		if names == nil {
+			return nil
+		}
+		m := make(map[string]bool, len(names))
+		for _, n := range names {
+			m[http.CanonicalHeaderKey(n)] = true
+		}
+		return m
+	}
+	return headerPolicy{only: set(only), skip: set(skip)}
+}
+
+// keeps reports whether the header with canonical name is remembered.
+func (p headerPolicy) keeps(name string) bool {
+	if neverStored[name] || p.skip[name] {
+		return false
+	}
+	return p.only == nil || p.only[name]
 }
 
 // recorder passes a handler's response through to the client as it is
@@ -38,7 +88,7 @@ var neverStored = map[string]bool{
 // they stood when the response was sent, and the body up to maxBody.
 type recorder struct {
 	w       http.ResponseWriter
-	allowed map[string]bool // canonical header names to keep
+	headers headerPolicy
 	maxBody int
 
 	resp      Response
@@ -46,8 +96,8 @@ type recorder struct {
 	streamed  bool // the handler flushed or hijacked: delivered, not remembered
 }
 
-func newRecorder(w http.ResponseWriter, allowed map[string]bool, maxBody int) *recorder {
-	return &recorder{w: w, allowed: allowed, maxBody: maxBody}
+func newRecorder(w http.ResponseWriter, headers headerPolicy, maxBody int) *recorder {
+	return &recorder{w: w, headers: headers, maxBody: maxBody}
 }
 
 func (r *recorder) Header() http.Header { return r.w.Header() }
@@ -65,11 +115,11 @@ func (r *recorder) WriteHeader(code int) {
 	r.w.WriteHeader(code)
 }
 
-// keepHeaders copies the allowed headers as they stand when the response is
-// sent.
+// keepHeaders copies the headers to remember as they stand when the
+// response is sent.
 func (r *recorder) keepHeaders() {
 	for name, v := range r.w.Header() {
-		if r.allowed[name] && !neverStored[name] {
+		if r.headers.keeps(name) {
 			if r.resp.Header == nil {
 				r.resp.Header = make(http.Header)
 			}
@@ -114,17 +164,38 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 // neither streamed nor larger than maxBody.
 func (r *recorder) complete() bool { return !r.oversized && !r.streamed }
 
-// response returns what the handler sent, and whether it may be remembered:
-// 2xx, 3xx and 4xx but 408, 409, 425 and 429, complete.
+// response returns what the handler sent, and whether it is remembered:
+// its status is 2xx, 3xx, or 4xx but 408, 409, 425 and 429. A remembered
+// response whose body the recorder does not hold whole is remembered
+// without it (Omitted says why): the handler finished, so its key must
+// never run again.
 func (r *recorder) response() (Response, bool) {
 	if r.resp.Status == 0 && !r.streamed {
 		r.resp.Status = http.StatusOK // the handler wrote nothing: net/http sends 200
 		r.keepHeaders()
 	}
 	resp := r.resp
-	switch resp.Status {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+	if !remembered(resp.Status) {
 		return resp, false
 	}
-	return resp, resp.Status >= 200 && resp.Status < 500 && r.complete()
+	if !r.complete() {
+		resp.Body, resp.Omitted = nil, "too-large"
+		if r.streamed {
+			resp.Omitted = "streamed"
+		}
+		for _, h := range bodyHeaders {
+			delete(resp.Header, h)
+		}
+	}
+	return resp, true
+}
+
+// remembered reports whether a response with status is an outcome to keep
+// and replay: 2xx, 3xx, and 4xx but those that invite a retry.
+func remembered(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
 }

@@ -104,8 +104,11 @@ const (
 	defaultMaxRequestBody = 1 << 20
 )
 
-// guard is Middleware's configuration with its defaults applied.
-type guard struct {
+// A Guard is the machinery behind Middleware, for adapters that bring it to
+// other web frameworks (packages idemgin and idemecho): it guards one
+// request at a time through Serve. Make one with NewGuard; it is safe for
+// concurrent use.
+type Guard struct {
 	opts    Options
 	methods map[string]bool
 	headers headerPolicy
@@ -133,7 +136,15 @@ type guard struct {
 // lost. The store's own options (TTL, Backend) decide how long and where
 // responses are kept.
 func Middleware(store *idem.Store[Response], opts Options) func(http.Handler) http.Handler {
-	g := &guard{opts: opts, store: store, methods: make(map[string]bool), headers: newHeaderPolicy(opts.StoredHeaders, opts.SkipHeaders)}
+	g := NewGuard(store, opts)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.Serve(w, r, next) })
+	}
+}
+
+// NewGuard returns the Guard that Middleware(store, opts) runs.
+func NewGuard(store *idem.Store[Response], opts Options) *Guard {
+	g := &Guard{opts: opts, store: store, methods: make(map[string]bool), headers: newHeaderPolicy(opts.StoredHeaders, opts.SkipHeaders)}
 	if g.opts.Methods == nil {
 		g.opts.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
@@ -161,9 +172,7 @@ func Middleware(store *idem.Store[Response], opts Options) func(http.Handler) ht
 	if g.opts.WriteError == nil {
 		g.opts.WriteError = WriteProblem
 	}
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serve(w, r, next) })
-	}
+	return g
 }
 
 // notStored carries a response that was delivered but may not be remembered
@@ -178,7 +187,12 @@ func (e *notStored) Error() string {
 	return "idemhttp: response not remembered (status " + strconv.Itoa(e.resp.Status) + ")"
 }
 
-func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+// Serve guards one request as Middleware does: it answers r itself (a
+// replay, or a refusal), or runs next with a ResponseWriter that passes the
+// response through to w and records it. An adapter gives next a handler
+// that runs the framework's own chain on the ResponseWriter and request it
+// is passed.
+func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	if !g.methods[r.Method] {
 		next.ServeHTTP(w, r)
 		return
@@ -265,7 +279,7 @@ func (g *guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 
 // afterRun finishes a request whose handler ran here and has written its
 // response, or started to (written).
-func (g *guard) afterRun(w http.ResponseWriter, r *http.Request, written bool, err error) {
+func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, written bool, err error) {
 	var pe *idem.PanicError
 	var nr *idem.NotRecordedError
 	switch {
@@ -292,7 +306,7 @@ func (g *guard) afterRun(w http.ResponseWriter, r *http.Request, written bool, e
 
 // answer responds to a request whose handler did not run here: a replay, or
 // why there is none.
-func (g *guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error) {
+func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error) {
 	var ns *notStored
 	var pe *idem.PanicError
 	var nr *idem.NotRecordedError
@@ -333,7 +347,7 @@ func (g *guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 
 // fail answers status through Options.WriteError, with Retry-After set
 // first when retryAfter is positive.
-func (g *guard) fail(w http.ResponseWriter, r *http.Request, status int, detail string, retryAfter time.Duration, cause error) {
+func (g *Guard) fail(w http.ResponseWriter, r *http.Request, status int, detail string, retryAfter time.Duration, cause error) {
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(time.Second, retryAfter+time.Second-1)/time.Second)))
 	}

@@ -1,0 +1,138 @@
+// Package idemgin brings idemhttp's Idempotency-Key middleware to gin: the
+// same statuses, headers, replays and scoping as idemhttp.Middleware, with
+// the scope read from gin's context.
+//
+// Wrapping idemhttp.Middleware with gin's own helpers is not enough: gin
+// sends a response's status only when the body starts, after a renderer
+// such as c.JSON has set Content-Type, so a recorder placed under gin's
+// writer sees the headers too early. This adapter holds the status back as
+// gin does.
+package idemgin
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemhttp"
+)
+
+// Options configure Middleware.
+type Options struct {
+	// Scope returns the client a request acts for, such as the account an
+	// earlier auth handler stored with c.Set, and the key is joined to it
+	// (see idemhttp.Options.Scope). Nil means one scope for every request.
+	Scope func(c *gin.Context) (string, error)
+
+	// HTTP holds every other setting, as idemhttp.Options documents them;
+	// its Scope is ignored.
+	HTTP idemhttp.Options
+}
+
+type ctxKey struct{}
+
+// Middleware returns a gin handler that guards the handlers after it as
+// idemhttp.Middleware guards an http.Handler. A request it answers itself
+// (a replay, a refusal) is aborted, so the rest of the chain does not run.
+func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerFunc {
+	hopts := opts.HTTP
+	hopts.Scope = nil
+	if opts.Scope != nil {
+		hopts.Scope = func(r *http.Request) (string, error) {
+			c, _ := r.Context().Value(ctxKey{}).(*gin.Context)
+			return opts.Scope(c)
+		}
+	}
+	guard := idemhttp.NewGuard(store, hopts)
+	return func(c *gin.Context) {
+		orig, origReq := c.Writer, c.Request
+		r := origReq.WithContext(context.WithValue(origReq.Context(), ctxKey{}, c))
+		ran := false
+		guard.Serve(orig, r, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			ran = true
+			gw := &writer{ResponseWriter: orig, out: w}
+			c.Writer, c.Request = gw, req
+			defer func() { c.Writer, c.Request = orig, origReq }()
+			c.Next()
+			gw.WriteHeaderNow() // a status set with no body: send it now, inside the guard
+		}))
+		if !ran {
+			c.Abort()
+		}
+	}
+}
+
+// writer is the gin.ResponseWriter a guarded handler writes to. Its status
+// waits for the body, as gin's own writer's does, so the headers recorded
+// and sent are those a renderer set after choosing the status. What only
+// gin knows (CloseNotify, Pusher) comes from gin's writer.
+type writer struct {
+	gin.ResponseWriter                     // gin's writer for the request
+	out                http.ResponseWriter // the guard's recorder, in front of gin's writer
+	status             int
+	size               int
+	sent               bool
+}
+
+func (w *writer) Header() http.Header { return w.out.Header() }
+
+func (w *writer) WriteHeader(code int) {
+	if code > 0 && !w.sent {
+		w.status = code
+	}
+}
+
+func (w *writer) WriteHeaderNow() {
+	if w.sent {
+		return
+	}
+	w.sent = true
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	w.out.WriteHeader(w.status)
+}
+
+func (w *writer) Write(p []byte) (int, error) {
+	w.WriteHeaderNow()
+	n, err := w.out.Write(p)
+	w.size += n
+	return n, err
+}
+
+func (w *writer) WriteString(s string) (int, error) { return w.Write([]byte(s)) }
+
+func (w *writer) Status() int {
+	if w.status == 0 {
+		return http.StatusOK
+	}
+	return w.status
+}
+
+// Size is gin's: -1 until the status is sent, then the bytes written.
+func (w *writer) Size() int {
+	if !w.sent {
+		return -1
+	}
+	return w.size
+}
+
+func (w *writer) Written() bool { return w.sent }
+
+func (w *writer) Flush() {
+	w.WriteHeaderNow()
+	_ = http.NewResponseController(w.out).Flush()
+}
+
+func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.sent = true
+	return http.NewResponseController(w.out).Hijack()
+}
+
+// Unwrap lets http.ResponseController reach the guard's recorder.
+func (w *writer) Unwrap() http.ResponseWriter { return w.out }
+
+var _ gin.ResponseWriter = (*writer)(nil)

@@ -1,0 +1,43 @@
+package idemgin_test
+
+import (
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemhttp"
+	"github.com/seed094d4201/idem/idemhttp/idemgin"
+	"github.com/seed094d4201/idem/idemhttp/internal/adaptertest"
+)
+
+func TestGin(t *testing.T) {
+	gin.SetMode(gin.TestMode)
+	adaptertest.Run(t, func(store *idem.Store[idemhttp.Response], opts idemhttp.Options, env *adaptertest.Env) http.Handler {
+		r := gin.New()
+		r.Use(func(c *gin.Context) { c.Set("account", c.GetHeader("X-Account")) }) // the auth step
+		guarded := r.Group("/", idemgin.Middleware(store, idemgin.Options{
+			Scope: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
+			HTTP:  opts,
+		}))
+		charge := func(c *gin.Context) {
+			io.ReadAll(c.Request.Body)
+			n := env.Charge()
+			c.Header("Location", adaptertest.Location(n))
+			c.SetCookie("session", "secret", 0, "/", "", false, true)
+			c.JSON(http.StatusCreated, adaptertest.ChargeJSON(n, c.GetString("account")))
+		}
+		guarded.POST("/charges", charge)
+		guarded.POST("/slow", func(c *gin.Context) { env.Slow(); charge(c) })
+		guarded.POST("/bad", func(c *gin.Context) {
+			env.Fail()
+			c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": "bad request"})
+		})
+		guarded.POST("/down", func(c *gin.Context) {
+			env.Fail()
+			c.String(http.StatusBadGateway, "bank down")
+		})
+		return r
+	})
+}

@@ -1,0 +1,119 @@
+package idemgrpc
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// ClientOptions configure UnaryClientInterceptor. Every zero field means
+// the default it documents.
+type ClientOptions struct {
+	// Methods, if not nil, are the full method names given a key; others
+	// pass straight through. Nil means every unary call.
+	Methods []string
+
+	// MaxAttempts bounds the attempts of one logical call, the first
+	// included. Zero means 4; 1 means the interceptor only adds the key and
+	// leaves retrying to gRPC's retry policy, which resends it.
+	MaxAttempts int
+
+	// MinBackoff and MaxBackoff bound the jittered exponential wait between
+	// attempts; a RetryInfo detail in the server's answer overrides it.
+	// Zero means 100 milliseconds and 5 seconds.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// WithKey returns ctx carrying key as the idempotency key of the calls made
+// with it, for a caller that made the key itself (with the order, say). The
+// interceptor keeps it instead of making one.
+func WithKey(ctx context.Context, key string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, KeyHeader, key)
+}
+
+// UnaryClientInterceptor returns an interceptor that gives each logical
+// unary call one idempotency key, unless ctx already carries one, and
+// sends that key on every attempt. It retries, with the same key, only the
+// answers that leave the outcome unknown or ask for a retry: Unavailable,
+// Aborted and ResourceExhausted, waiting as their RetryInfo says or with
+// jittered backoff, within ctx. It never retries InvalidArgument.
+func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = 4
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 5 * time.Second
+	}
+	var methods map[string]bool
+	if opts.Methods != nil {
+		methods = make(map[string]bool, len(opts.Methods))
+		for _, m := range opts.Methods {
+			methods[m] = true
+		}
+	}
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
+		if methods != nil && !methods[method] {
+			return invoker(ctx, method, req, reply, cc, callOpts...)
+		}
+		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(KeyHeader)) == 0 {
+			ctx = WithKey(ctx, newKey())
+		}
+		backoff := opts.MinBackoff
+		for attempt := 1; ; attempt++ {
+			err := invoker(ctx, method, req, reply, cc, callOpts...)
+			if err == nil || attempt >= opts.MaxAttempts || !retryable(err) {
+				return err
+			}
+			wait := min(opts.MaxBackoff, backoff/2+rand.N(backoff/2+1))
+			if d, ok := retryDelay(err); ok {
+				wait = d
+			}
+			backoff = min(2*backoff, opts.MaxBackoff)
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return err
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// retryable reports whether err leaves the call's outcome unknown, or asks
+// for a retry, so that sending it again with the same key is right.
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Aborted, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// retryDelay returns the delay a RetryInfo detail in err asks for.
+func retryDelay(err error) (time.Duration, bool) {
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return ri.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
+}
+
+// newKey returns a random key: 128 bits, hex.
+func newKey() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,80 @@
+package idemgrpc_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemgrpc"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// dropFirstReply lets the first call run, then loses its reply on the way
+// back (Unavailable, as a dropped connection gives), and records every
+// key it sees.
+type dropFirstReply struct {
+	mu    sync.Mutex
+	keys  []string
+	calls int
+}
+
+func (d *dropFirstReply) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	d.mu.Lock()
+	d.keys = append(d.keys, md.Get(idemgrpc.KeyHeader)...)
+	d.calls++
+	first := d.calls == 1
+	d.mu.Unlock()
+	resp, err := handler(ctx, req)
+	if first {
+		return nil, status.Error(codes.Unavailable, "connection reset (reply lost)")
+	}
+	return resp, err
+}
+
+func TestClientKeepsOneKeyAcrossRetries(t *testing.T) {
+	p := &payments{}
+	drop := &dropFirstReply{}
+	conn := startBuf(t, p,
+		[]grpc.UnaryServerInterceptor{drop.intercept, idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{})},
+		idemgrpc.UnaryClientInterceptor(idemgrpc.ClientOptions{MinBackoff: 1, MaxBackoff: 1}))
+	out, err := charge(context.Background(), conn, "", 450)
+	require.NoError(t, err, "the retry got the answer the first reply lost")
+	assert.Equal(t, float64(1), out.Fields["charge"].GetNumberValue())
+	assert.Equal(t, int32(1), p.runs.Load(), "the charge ran once")
+	require.Len(t, drop.keys, 2)
+	assert.NotEmpty(t, drop.keys[0])
+	assert.Equal(t, drop.keys[0], drop.keys[1], "one key on every attempt")
+
+	// A second logical call gets a key of its own.
+	_, err = charge(context.Background(), conn, "", 450)
+	require.NoError(t, err)
+	assert.NotEqual(t, drop.keys[0], drop.keys[len(drop.keys)-1])
+}
+
+func TestClientKeepsTheCallersKeyAndNeverRetriesInvalidArgument(t *testing.T) {
+	p := &payments{}
+	var seen []string
+	var mu sync.Mutex
+	record := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		mu.Lock()
+		seen = append(seen, md.Get(idemgrpc.KeyHeader)...)
+		mu.Unlock()
+		return handler(ctx, req)
+	}
+	conn := startBuf(t, p,
+		[]grpc.UnaryServerInterceptor{record, idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{})},
+		idemgrpc.UnaryClientInterceptor(idemgrpc.ClientOptions{MinBackoff: 1, MaxBackoff: 1}))
+	_, err := charge(context.Background(), conn, "order-101", 450)
+	require.NoError(t, err)
+	_, err = charge(context.Background(), conn, "order-101", 900)
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+	assert.Equal(t, []string{"order-101", "order-101"}, seen, "the caller's key, and no retry of InvalidArgument")
+}

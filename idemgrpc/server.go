@@ -1,0 +1,264 @@
+package idemgrpc
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// The metadata keys idemgrpc reads and writes.
+const (
+	KeyHeader      = "idempotency-key"
+	ReplayedHeader = "idempotent-replayed"
+)
+
+// A Reply is what the server interceptor remembers for a key and replays.
+type Reply struct {
+	Message []byte      `json:"message,omitempty"` // the response, an anypb.Any in wire form
+	Header  metadata.MD `json:"header,omitempty"`  // what the handler set with grpc.SetHeader
+	Trailer metadata.MD `json:"trailer,omitempty"` // and with grpc.SetTrailer
+	Code    codes.Code  `json:"code,omitempty"`    // a final error's status code; OK for a response
+	Error   string      `json:"error,omitempty"`   // and its message
+}
+
+// Options configure UnaryServerInterceptor. Every zero field means the
+// default it documents.
+type Options struct {
+	// Methods, if not nil, are the full method names ("/pkg.Service/Method")
+	// guarded; others pass straight through. Nil means every unary method.
+	Methods []string
+
+	// Required makes a guarded call without a key fail with
+	// InvalidArgument. False lets it through unguarded.
+	Required bool
+
+	// Scope returns the client a call acts for, such as the authenticated
+	// identity an earlier interceptor put in ctx, and the key is joined to
+	// it: two clients never share an outcome. An error answers
+	// Unauthenticated and runs nothing. Nil means one scope for every call,
+	// which is right only when one client alone can reach the server.
+	Scope func(ctx context.Context) (string, error)
+
+	// Wait bounds how long a call whose key is in flight, here or on
+	// another server sharing the store's Backend, waits for that outcome
+	// before it is answered Aborted. It bounds the whole claim, so it must
+	// also cover a round trip to the Backend. Zero means 10 seconds.
+	Wait time.Duration
+
+	// RetryAfter is the delay an Aborted answer's RetryInfo suggests. Zero
+	// means one second.
+	RetryAfter time.Duration
+
+	// Logger receives what cannot be told to the client: a handler panic,
+	// an outcome the backend failed to record. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// UnaryServerInterceptor returns an interceptor that runs each guarded
+// unary call at most once per key and replays its outcome, as the package
+// documentation describes. Its store holds Replies; give it a Backend to
+// share outcomes between servers.
+func UnaryServerInterceptor(store *idem.Store[Reply], opts Options) grpc.UnaryServerInterceptor {
+	if opts.Wait <= 0 {
+		opts.Wait = 10 * time.Second
+	}
+	if opts.RetryAfter <= 0 {
+		opts.RetryAfter = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	var methods map[string]bool
+	if opts.Methods != nil {
+		methods = make(map[string]bool, len(opts.Methods))
+		for _, m := range opts.Methods {
+			methods[m] = true
+		}
+	}
+	s := &server{store: store, opts: opts}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if methods != nil && !methods[info.FullMethod] {
+			return handler(ctx, req)
+		}
+		return s.serve(ctx, req, info, handler)
+	}
+}
+
+type server struct {
+	store *idem.Store[Reply]
+	opts  Options
+}
+
+func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	keys := md.Get(KeyHeader)
+	switch {
+	case len(keys) == 0 && s.opts.Required:
+		return nil, status.Error(codes.InvalidArgument, "this call needs an idempotency-key")
+	case len(keys) == 0:
+		return handler(ctx, req)
+	case len(keys) > 1:
+		return nil, status.Error(codes.InvalidArgument, "send one idempotency-key, not several")
+	}
+	key := keys[0]
+	if err := idem.CheckKey(key); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "malformed idempotency-key: %v", err)
+	}
+	fp, err := fingerprint(info.FullMethod, req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	storeKey := key
+	if s.opts.Scope != nil {
+		scope, err := s.opts.Scope(ctx)
+		if err != nil {
+			return nil, status.Errorf(codes.Unauthenticated, "the caller's scope could not be determined: %v", err)
+		}
+		storeKey = scopedKey(scope, key)
+	}
+
+	bctx, cancel := context.WithTimeout(ctx, s.opts.Wait)
+	defer cancel()
+	t, err := s.store.Begin(bctx, storeKey, fp[:])
+	if err != nil {
+		return nil, s.refusal(err)
+	}
+	defer t.Release()
+	if reply, err, ok := t.Replayed(); ok {
+		return s.replay(ctx, reply, err)
+	}
+	reply, err := t.Do(func(ctx context.Context) (Reply, error) {
+		rec := &recordingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
+		resp, err := handler(grpc.NewContextWithServerTransportStream(ctx, rec), req)
+		return rec.reply(resp, err)
+	})
+	var pe *idem.PanicError
+	var nr *idem.NotRecordedError
+	switch {
+	case errors.As(err, &pe):
+		s.opts.Logger.Error("idemgrpc: handler panicked; its key is released", "method", info.FullMethod, "panic", pe.Value, "stack", string(pe.Stack))
+		return nil, status.Error(codes.Internal, "the call failed; it may be retried with the same key")
+	case errors.As(err, &nr):
+		s.opts.Logger.Error("idemgrpc: response delivered but not yet recorded", "method", info.FullMethod, "err", err)
+		return decode(reply)
+	case err != nil:
+		var unstored *handlerError
+		if errors.As(err, &unstored) {
+			return nil, unstored.err // the handler's own error, not remembered
+		}
+		return nil, err
+	}
+	return decode(reply)
+}
+
+// handlerError carries a handler's error that is not final: the key is
+// released and the caller gets the error as the handler returned it.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+// refusal turns a failed Begin into the status the client sees.
+func (s *server) refusal(err error) error {
+	var unstored *handlerError
+	switch {
+	case errors.As(err, &unstored):
+		return unstored.err // a shared execution's own error
+	case errors.Is(err, idem.ErrPayloadMismatch):
+		return status.Error(codes.InvalidArgument, "this idempotency-key was used with a different request")
+	case errors.Is(err, idem.ErrInProgress):
+		st := status.New(codes.Aborted, "a call with this idempotency-key is still being processed; retry with the same key")
+		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(s.opts.RetryAfter)}); derr == nil {
+			st = d
+		}
+		return st.Err()
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		return status.Error(codes.Internal, "a call with this idempotency-key was interrupted and its outcome is unknown; it needs an operator")
+	case errors.Is(err, idem.ErrFull):
+		s.opts.Logger.Debug("idemgrpc: store full; call refused", "err", err)
+		return status.Error(codes.ResourceExhausted, "the server holds as many calls in flight as it can track; retry later with the same key")
+	case errors.Is(err, idem.ErrInvalidKey):
+		return status.Errorf(codes.InvalidArgument, "malformed idempotency-key: %v", err)
+	}
+	var pe *idem.PanicError
+	if errors.As(err, &pe) {
+		return status.Error(codes.Internal, "the call failed; it may be retried with the same key")
+	}
+	s.opts.Logger.Error("idemgrpc: store unavailable", "err", err)
+	return status.Error(codes.Unavailable, "idempotency keys cannot be checked right now; retry with the same key")
+}
+
+// replay answers a call from a remembered reply, marked as a replay.
+func (s *server) replay(ctx context.Context, reply Reply, err error) (any, error) {
+	var nr *idem.NotRecordedError
+	if err != nil && !errors.As(err, &nr) {
+		return nil, s.refusal(err)
+	}
+	header := metadata.Join(reply.Header, metadata.Pairs(ReplayedHeader, "true"))
+	_ = grpc.SetHeader(ctx, header)
+	if len(reply.Trailer) > 0 {
+		_ = grpc.SetTrailer(ctx, reply.Trailer)
+	}
+	return decode(reply)
+}
+
+// decode turns a reply back into the handler's response or final error.
+func decode(reply Reply) (any, error) {
+	if reply.Code != codes.OK {
+		return nil, status.Error(reply.Code, reply.Error)
+	}
+	var a anypb.Any
+	if err := proto.Unmarshal(reply.Message, &a); err != nil {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
+	}
+	msg, err := a.UnmarshalNew()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
+	}
+	return msg, nil
+}
+
+// fingerprint identifies a call: its method and its request message in
+// deterministic wire form.
+func fingerprint(method string, req any) ([sha256.Size]byte, error) {
+	m, ok := req.(proto.Message)
+	if !ok {
+		return [sha256.Size]byte{}, fmt.Errorf("idemgrpc: request %T is not a protocol buffer message", req)
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		return [sha256.Size]byte{}, fmt.Errorf("idemgrpc: encoding the request to fingerprint it: %w", err)
+	}
+	h := sha256.New()
+	h.Write([]byte(method))
+	h.Write([]byte{0})
+	h.Write(b)
+	var fp [sha256.Size]byte
+	h.Sum(fp[:0])
+	return fp, nil
+}
+
+// scopedKey joins scope and key as idemhttp does, so that no other pair
+// makes the same store key; one idem would refuse is replaced by its hash.
+func scopedKey(scope, key string) string {
+	k := strconv.Itoa(len(scope)) + ":" + scope + ":" + key
+	if idem.CheckKey(k) == nil {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return fmt.Sprintf("sha256:%x", sum)
+}

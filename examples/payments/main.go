@@ -2,6 +2,7 @@
 // client that pays through a network that loses a reply.
 //
 //	go run ./examples/payments              # the whole story, then exit
+//	go run ./examples/payments -grpc        # the same story over gRPC (grpc.go)
 //	go run ./examples/payments -serve :8080 # only the API, for curl
 //
 // The API takes POST /charges with a JSON body {"order":101,"amount":450}
@@ -38,11 +39,15 @@ func main() {
 	serve := flag.String("serve", "", "only serve the API on this address (for curl), until interrupted")
 	db := flag.String("db", "", "bbolt file for the keys (default: a temporary file)")
 	delay := flag.Duration("delay", 0, "with -serve: make each charge take this long, to see a duplicate answered 409")
+	overGRPC := flag.Bool("grpc", false, "tell the story over gRPC, with idemgrpc's interceptors")
 	flag.Parse()
 	var err error
-	if *serve != "" {
+	switch {
+	case *serve != "":
 		err = serveOnly(*serve, *db, *delay)
-	} else {
+	case *overGRPC:
+		err = runGRPC(os.Stdout)
+	default:
 		err = run(os.Stdout)
 	}
 	if err != nil {

@@ -33,6 +33,12 @@ type Reply struct {
 	Trailer metadata.MD `json:"trailer,omitempty"` // and with grpc.SetTrailer
 	Code    codes.Code  `json:"code,omitempty"`    // a final error's status code; OK for a response
 	Error   string      `json:"error,omitempty"`   // and its message
+
+	// msg is the response itself while the Reply lives in memory (a store
+	// without a Backend, or the calls that waited on this one), so that a
+	// replay need not decode Message. gRPC only reads a response, to send
+	// it, so every replay may share it.
+	msg proto.Message
 }
 
 // Options configure UnaryServerInterceptor. Every zero field means the
@@ -218,8 +224,11 @@ func (s *server) replay(ctx context.Context, reply Reply, err error) (any, error
 
 // decode turns a reply back into the handler's response or final error.
 func decode(reply Reply) (any, error) {
-	if reply.Code != codes.OK {
+	switch {
+	case reply.Code != codes.OK:
 		return nil, status.Error(reply.Code, reply.Error)
+	case reply.msg != nil:
+		return reply.msg, nil
 	}
 	var a anypb.Any
 	if err := proto.Unmarshal(reply.Message, &a); err != nil {

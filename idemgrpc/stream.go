@@ -76,6 +76,7 @@ func (r *recordingStream) reply(resp any, err error) (Reply, error) {
 	if !ok {
 		return Reply{}, &handlerError{status.Errorf(codes.Internal, "idemgrpc: response %T is not a protocol buffer message", resp)}
 	}
+	reply.msg = m
 	a, aerr := anypb.New(m)
 	if aerr == nil {
 		reply.Message, aerr = proto.Marshal(a)

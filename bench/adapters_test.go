@@ -129,7 +129,9 @@ func BenchmarkGRPC(b *testing.B) {
 			}
 		}
 	}
-	bare := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) { return h(ctx, req) }
+	bare := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		return h(ctx, req)
+	}
 	guarded := func(b *testing.B) grpc.UnaryServerInterceptor {
 		s := idem.New[idemgrpc.Reply](idem.Options{})
 		b.Cleanup(func() { s.Close() })

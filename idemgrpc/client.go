@@ -23,7 +23,8 @@ type ClientOptions struct {
 
 	// MaxAttempts bounds the attempts of one logical call, the first
 	// included. Zero means 4; 1 means the interceptor only adds the key and
-	// leaves retrying to gRPC's retry policy, which resends it.
+	// leaves retrying to gRPC's retry policy, which resends it (but gRPC
+	// retries only attempts that failed before response headers arrived).
 	MaxAttempts int
 
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between

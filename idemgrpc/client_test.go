@@ -78,3 +78,20 @@ func TestClientKeepsTheCallersKeyAndNeverRetriesInvalidArgument(t *testing.T) {
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Equal(t, []string{"order-101", "order-101"}, seen, "the caller's key, and no retry of InvalidArgument")
 }
+
+// With MaxAttempts 1 the interceptor only adds the key, and gRPC's own
+// retry policy resends it. (gRPC retries only before response headers
+// arrive, so this handler sets none.)
+func TestGRPCRetryPolicyResendsTheKey(t *testing.T) {
+	p := &payments{quiet: true}
+	drop := &dropFirstReply{}
+	conn := startBuf(t, p,
+		[]grpc.UnaryServerInterceptor{drop.intercept, idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{})},
+		idemgrpc.UnaryClientInterceptor(idemgrpc.ClientOptions{MaxAttempts: 1}))
+	out, err := charge(context.Background(), conn, "", 450)
+	require.NoError(t, err, "gRPC retried the lost reply")
+	assert.Equal(t, float64(1), out.Fields["charge"].GetNumberValue())
+	assert.Equal(t, int32(1), p.runs.Load())
+	require.Len(t, drop.keys, 2)
+	assert.Equal(t, drop.keys[0], drop.keys[1], "gRPC's retry sent the same key")
+}

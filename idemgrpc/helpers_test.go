@@ -29,6 +29,7 @@ type payments struct {
 	entered chan struct{}
 	gate    chan struct{}
 	fail    func(n int32) error
+	quiet   bool // sets no headers or trailers
 }
 
 func (p *payments) Charge(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
@@ -47,8 +48,10 @@ func (p *payments) Charge(ctx context.Context, in *structpb.Struct) (*structpb.S
 			return nil, err
 		}
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs("charge-id", "ch_1"))
-	_ = grpc.SetTrailer(ctx, metadata.Pairs("ledger", "posted"))
+	if !p.quiet {
+		_ = grpc.SetHeader(ctx, metadata.Pairs("charge-id", "ch_1"))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("ledger", "posted"))
+	}
 	return structpb.NewStruct(map[string]any{"charge": float64(n), "amount": in.Fields["amount"].GetNumberValue()})
 }
 
@@ -83,7 +86,11 @@ func start(t *testing.T, lis net.Listener, dial func(context.Context, string) (n
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
 	target := lis.Addr().String()
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(client...)}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(client...),
+		// gRPC's own retry policy, for the interceptor with MaxAttempts 1.
+		grpc.WithDefaultServiceConfig(`{"methodConfig": [{"name": [{"service": "idem.test.Payments"}],
+			"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s", "backoffMultiplier": 1,
+				"retryableStatusCodes": ["UNAVAILABLE"]}}]}`)}
 	if dial != nil {
 		target = "passthrough:///bufnet"
 		opts = append(opts, grpc.WithContextDialer(dial))

@@ -130,13 +130,13 @@ func TestFinalErrorsAreRememberedWithTheirCode(t *testing.T) {
 func TestOtherErrorsReleaseTheKey(t *testing.T) {
 	p := &payments{fail: func(n int32) error {
 		if n == 1 {
-			return status.Error(codes.Unavailable, "bank timeout")
+			return status.Error(codes.Internal, "bank timeout")
 		}
 		return nil
 	}}
 	conn := startBuf(t, p, guard(t, idemgrpc.Options{}, idem.Options{}))
 	_, err := charge(context.Background(), conn, "k", 450)
-	assert.Equal(t, codes.Unavailable, code(err), "the handler's own status")
+	assert.Equal(t, codes.Internal, code(err), "the handler's own status")
 	out, err := charge(context.Background(), conn, "k", 450)
 	require.NoError(t, err, "the retry runs again")
 	assert.Equal(t, float64(2), out.Fields["charge"].GetNumberValue())

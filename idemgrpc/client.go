@@ -28,8 +28,9 @@ type ClientOptions struct {
 	MaxAttempts int
 
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between
-	// attempts; a RetryInfo detail in the server's answer overrides it.
-	// Zero means 100 milliseconds and 5 seconds.
+	// attempts; a RetryInfo detail in the server's answer sets the wait,
+	// up to MaxBackoff. An attempt that could not start before ctx's
+	// deadline is not made. Zero means 100 milliseconds and 5 seconds.
 	MinBackoff, MaxBackoff time.Duration
 }
 
@@ -44,8 +45,9 @@ func WithKey(ctx context.Context, key string) context.Context {
 // unary call one idempotency key, unless ctx already carries one, and
 // sends that key on every attempt. It retries, with the same key, only the
 // answers that leave the outcome unknown or ask for a retry: Unavailable,
-// Aborted and ResourceExhausted, waiting as their RetryInfo says or with
-// jittered backoff, within ctx. It never retries InvalidArgument.
+// Aborted and ResourceExhausted, waiting as their RetryInfo says (up to
+// MaxBackoff) or with jittered backoff, within ctx. It never retries
+// InvalidArgument.
 func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = 4
@@ -78,7 +80,10 @@ func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 			}
 			wait := min(opts.MaxBackoff, backoff/2+rand.N(backoff/2+1))
 			if d, ok := retryDelay(err); ok {
-				wait = d
+				wait = min(d, opts.MaxBackoff) // a server cannot park the client for longer
+			}
+			if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+				return err // no time left for another attempt
 			}
 			backoff = min(2*backoff, opts.MaxBackoff)
 			t := time.NewTimer(wait)

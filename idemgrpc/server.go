@@ -3,6 +3,7 @@ package idemgrpc
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/seed094d4201/idem"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -28,17 +30,67 @@ const (
 
 // A Reply is what the server interceptor remembers for a key and replays.
 type Reply struct {
-	Message []byte      `json:"message,omitempty"` // the response, an anypb.Any in wire form
-	Header  metadata.MD `json:"header,omitempty"`  // what the handler set with grpc.SetHeader
-	Trailer metadata.MD `json:"trailer,omitempty"` // and with grpc.SetTrailer
-	Code    codes.Code  `json:"code,omitempty"`    // a final error's status code; OK for a response
-	Error   string      `json:"error,omitempty"`   // and its message
+	Message []byte      // the response, an anypb.Any in wire form
+	Header  metadata.MD // what the handler set with grpc.SetHeader
+	Trailer metadata.MD // and with grpc.SetTrailer
+	Code    codes.Code  // a final error's status code; OK for a response
+	Error   string      // and its message
+	Status  []byte      // and the whole google.rpc.Status in wire form, details included
 
-	// msg is the response itself while the Reply lives in memory (a store
-	// without a Backend, or the calls that waited on this one), so that a
-	// replay need not decode Message. gRPC only reads a response, to send
-	// it, so every replay may share it.
+	// msg is a private copy of the response while the Reply lives in
+	// memory (a store without a Backend, or the calls that waited on this
+	// one), so that a replay clones it instead of decoding Message.
 	msg proto.Message
+}
+
+// replyJSON is a Reply in JSON, the store's default Codec: metadata values
+// travel as bytes, since a -bin value is any bytes at all.
+type replyJSON struct {
+	Message []byte              `json:"message,omitempty"`
+	Header  map[string][][]byte `json:"header,omitempty"`
+	Trailer map[string][][]byte `json:"trailer,omitempty"`
+	Code    codes.Code          `json:"code,omitempty"`
+	Error   string              `json:"error,omitempty"`
+	Status  []byte              `json:"status,omitempty"`
+}
+
+func (r Reply) MarshalJSON() ([]byte, error) {
+	return json.Marshal(replyJSON{Message: r.Message, Header: mdBytes(r.Header), Trailer: mdBytes(r.Trailer), Code: r.Code, Error: r.Error, Status: r.Status})
+}
+
+func (r *Reply) UnmarshalJSON(data []byte) error {
+	var j replyJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return err
+	}
+	*r = Reply{Message: j.Message, Header: mdStrings(j.Header), Trailer: mdStrings(j.Trailer), Code: j.Code, Error: j.Error, Status: j.Status}
+	return nil
+}
+
+func mdBytes(md metadata.MD) map[string][][]byte {
+	if len(md) == 0 {
+		return nil
+	}
+	m := make(map[string][][]byte, len(md))
+	for k, vs := range md {
+		for _, v := range vs {
+			m[k] = append(m[k], []byte(v))
+		}
+	}
+	return m
+}
+
+func mdStrings(m map[string][][]byte) metadata.MD {
+	if len(m) == 0 {
+		return nil
+	}
+	md := make(metadata.MD, len(m))
+	for k, vs := range m {
+		for _, v := range vs {
+			md[k] = append(md[k], string(v))
+		}
+	}
+	return md
 }
 
 // Options configure UnaryServerInterceptor. Every zero field means the
@@ -222,13 +274,20 @@ func (s *server) replay(ctx context.Context, reply Reply, err error) (any, error
 	return decode(reply)
 }
 
-// decode turns a reply back into the handler's response or final error.
+// decode turns a reply back into the handler's response, a copy of its
+// own for each caller, or its final status, details included.
 func decode(reply Reply) (any, error) {
 	switch {
+	case reply.Code != codes.OK && len(reply.Status) > 0:
+		var sp spb.Status
+		if err := proto.Unmarshal(reply.Status, &sp); err == nil {
+			return nil, status.FromProto(&sp).Err()
+		}
+		return nil, status.Error(reply.Code, reply.Error)
 	case reply.Code != codes.OK:
 		return nil, status.Error(reply.Code, reply.Error)
 	case reply.msg != nil:
-		return reply.msg, nil
+		return proto.Clone(reply.msg), nil
 	}
 	var a anypb.Any
 	if err := proto.Unmarshal(reply.Message, &a); err != nil {

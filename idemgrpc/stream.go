@@ -54,35 +54,42 @@ func (r *recordingStream) SetTrailer(md metadata.MD) error {
 }
 
 // reply turns the handler's outcome into what the store keeps: a response,
-// or a final error with its status, as a Reply with a nil error; any
-// other error as a *handlerError, which releases the key.
+// or a final error with its whole status, as a Reply with a nil error; any
+// other error as a *handlerError, which releases the key. A handler that
+// succeeded is never released, even if its response cannot be kept: that
+// is remembered as an Internal error instead.
 func (r *recordingStream) reply(resp any, err error) (Reply, error) {
 	r.mu.Lock()
 	reply := Reply{Header: r.header, Trailer: r.trailer}
 	r.mu.Unlock()
-	if err != nil {
-		if !idem.IsFinal(err) {
-			return Reply{}, &handlerError{err}
+	if err != nil && !idem.IsFinal(err) {
+		return Reply{}, &handlerError{err}
+	}
+	if err == nil {
+		m, ok := resp.(proto.Message)
+		if !ok || m == nil {
+			err = status.Errorf(codes.Internal, "idemgrpc: the handler's response %T is not a protocol buffer message", resp)
+		} else if reply.Message, err = marshalAny(m); err != nil {
+			err = status.Errorf(codes.Internal, "idemgrpc: encoding the handler's response: %v", err)
+		} else {
+			reply.msg = proto.Clone(m) // the handler may keep and change its own
+			return reply, nil
 		}
-		st := status.Convert(err)
-		var gs interface{ GRPCStatus() *status.Status }
-		if errors.As(err, &gs) { // the status itself, not one made of the wrapper's message
-			st = gs.GRPCStatus()
-		}
-		reply.Code, reply.Error = st.Code(), st.Message()
-		return reply, nil
 	}
-	m, ok := resp.(proto.Message)
-	if !ok {
-		return Reply{}, &handlerError{status.Errorf(codes.Internal, "idemgrpc: response %T is not a protocol buffer message", resp)}
+	st := status.Convert(err)
+	var gs interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &gs) { // the status itself, not one made of the wrapper's message
+		st = gs.GRPCStatus()
 	}
-	reply.msg = m
-	a, aerr := anypb.New(m)
-	if aerr == nil {
-		reply.Message, aerr = proto.Marshal(a)
-	}
-	if aerr != nil {
-		return Reply{}, &handlerError{status.Errorf(codes.Internal, "idemgrpc: encoding the response: %v", aerr)}
-	}
+	reply.Code, reply.Error = st.Code(), st.Message()
+	reply.Status, _ = proto.Marshal(st.Proto()) // Code and Error stand in if this fails
 	return reply, nil
+}
+
+func marshalAny(m proto.Message) ([]byte, error) {
+	a, err := anypb.New(m)
+	if err != nil {
+		return nil, err
+	}
+	return proto.Marshal(a)
 }

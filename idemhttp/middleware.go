@@ -238,7 +238,8 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	scope := ""
 	if g.opts.Scope != nil {
 		if scope, err = g.opts.Scope(r); err != nil {
-			g.opts.Logger.Error("idemhttp: scope", "err", err)
+			// A client without credentials can cause this at will: Debug.
+			g.opts.Logger.Debug("idemhttp: scope", "err", err)
 			g.fail(w, r, http.StatusInternalServerError, "The request's scope could not be determined.", 0, err)
 			return
 		}
@@ -265,6 +266,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		g.answer(w, req, next, resp, err)
 		return
 	}
+	before := w.Header().Clone() // to undo what a handler that panics set
 	rec := newRecorder(w, g.headers, g.opts.MaxStoredBody)
 	_, err = t.Do(func(ctx context.Context) (Response, error) {
 		next.ServeHTTP(rec, req.WithContext(ctx))
@@ -274,12 +276,12 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 		return resp, nil
 	})
-	g.afterRun(w, req, rec.resp.Status != 0, err)
+	g.afterRun(w, req, before, rec.resp.Status != 0, err)
 }
 
 // afterRun finishes a request whose handler ran here and has written its
 // response, or started to (written).
-func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, written bool, err error) {
+func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Header, written bool, err error) {
 	var pe *idem.PanicError
 	var nr *idem.NotRecordedError
 	switch {
@@ -293,6 +295,13 @@ func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, written bool, e
 			// Part of a response is out: abort it, as net/http would, so
 			// the client does not take it for a whole one.
 			panic(http.ErrAbortHandler)
+		}
+		// The headers the handler set (a Location, a cookie, a
+		// Content-Encoding) belong to a response that never happened.
+		h := w.Header()
+		clear(h)
+		for k, v := range before {
+			h[k] = v
 		}
 		g.fail(w, r, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0, err)
 	case errors.As(err, &nr):

@@ -2,8 +2,10 @@ package idemhttp
 
 import (
 	"bufio"
+	"encoding/json"
 	"net"
 	"net/http"
+	"unicode/utf8"
 )
 
 // A Response is what the middleware remembers for a key and replays: the
@@ -92,8 +94,33 @@ type recorder struct {
 	maxBody int
 
 	resp      Response
-	oversized bool // the body passed maxBody: delivered, not remembered
-	streamed  bool // the handler flushed or hijacked: delivered, not remembered
+	oversized bool // the body passed maxBody: remembered without it
+	streamed  bool // the handler flushed or hijacked: remembered without the body
+	released  bool // ReleaseKey: the handler failed without a response
+}
+
+// ReleaseKey tells the guard whose handler writes to w that the handler
+// failed before writing any response, as frameworks whose error handling
+// writes the error after the handler returns need to (idemgin, for errors
+// that gin middleware outside the guard renders): the key is released and
+// nothing is remembered, so a retry runs the handler again. It reports
+// false, and changes nothing, if w is not a guarded handler's writer or a
+// response has already been started.
+func ReleaseKey(w http.ResponseWriter) bool {
+	for {
+		switch x := w.(type) {
+		case *recorder:
+			if x.resp.Status != 0 || x.streamed {
+				return false
+			}
+			x.released = true
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
 }
 
 func newRecorder(w http.ResponseWriter, headers headerPolicy, maxBody int) *recorder {
@@ -119,7 +146,9 @@ func (r *recorder) WriteHeader(code int) {
 // response is sent.
 func (r *recorder) keepHeaders() {
 	for name, v := range r.w.Header() {
-		if r.headers.keeps(name) {
+		// net/http sends a key set without canonicalising as it is: judge
+		// it by its canonical name, so "set-cookie" is Set-Cookie.
+		if r.headers.keeps(http.CanonicalHeaderKey(name)) {
 			if r.resp.Header == nil {
 				r.resp.Header = make(http.Header)
 			}
@@ -145,6 +174,9 @@ func (r *recorder) Write(p []byte) (int, error) {
 // Flush sends what was written so far: the response is streamed, so it is
 // not remembered.
 func (r *recorder) Flush() {
+	if r.resp.Status == 0 {
+		r.WriteHeader(http.StatusOK) // what net/http sends on a flush before WriteHeader
+	}
 	r.streamed = true
 	_ = http.NewResponseController(r.w).Flush()
 }
@@ -162,7 +194,7 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 
 // complete reports whether the recorder holds the whole response: it was
 // neither streamed nor larger than maxBody.
-func (r *recorder) complete() bool { return !r.oversized && !r.streamed }
+func (r *recorder) complete() bool { return !r.oversized && !r.streamed && !r.released }
 
 // response returns what the handler sent, and whether it is remembered:
 // its status is 2xx, 3xx, or 4xx but 408, 409, 425 and 429. A remembered
@@ -170,6 +202,9 @@ func (r *recorder) complete() bool { return !r.oversized && !r.streamed }
 // without it (Omitted says why): the handler finished, so its key must
 // never run again.
 func (r *recorder) response() (Response, bool) {
+	if r.released && r.resp.Status == 0 && !r.streamed {
+		return r.resp, false
+	}
 	if r.resp.Status == 0 && !r.streamed {
 		r.resp.Status = http.StatusOK // the handler wrote nothing: net/http sends 200
 		r.keepHeaders()
@@ -198,4 +233,61 @@ func remembered(status int) bool {
 		return false
 	}
 	return status >= 200 && status < 500
+}
+
+// responseJSON is a Response in JSON, the store's default Codec. A header
+// value that is not valid UTF-8 (obs-text bytes are legal in HTTP) would
+// come back mangled as a JSON string, so such a header travels as bytes.
+type responseJSON struct {
+	Status    int                 `json:"status"`
+	Header    http.Header         `json:"header,omitempty"`
+	RawHeader map[string][][]byte `json:"raw_header,omitempty"`
+	Body      []byte              `json:"body,omitempty"`
+	Omitted   string              `json:"omitted,omitempty"`
+}
+
+func (r Response) MarshalJSON() ([]byte, error) {
+	j := responseJSON{Status: r.Status, Body: r.Body, Omitted: r.Omitted}
+	for name, values := range r.Header {
+		if allUTF8(values) {
+			if j.Header == nil {
+				j.Header = make(http.Header)
+			}
+			j.Header[name] = values
+			continue
+		}
+		if j.RawHeader == nil {
+			j.RawHeader = make(map[string][][]byte)
+		}
+		for _, v := range values {
+			j.RawHeader[name] = append(j.RawHeader[name], []byte(v))
+		}
+	}
+	return json.Marshal(j)
+}
+
+func (r *Response) UnmarshalJSON(data []byte) error {
+	var j responseJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return err
+	}
+	*r = Response{Status: j.Status, Header: j.Header, Body: j.Body, Omitted: j.Omitted}
+	for name, values := range j.RawHeader {
+		if r.Header == nil {
+			r.Header = make(http.Header)
+		}
+		for _, v := range values {
+			r.Header[name] = append(r.Header[name], string(v))
+		}
+	}
+	return nil
+}
+
+func allUTF8(values []string) bool {
+	for _, v := range values {
+		if !utf8.ValidString(v) {
+			return false
+		}
+	}
+	return true
 }

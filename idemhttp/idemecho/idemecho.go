@@ -7,6 +7,10 @@
 // guard would record an empty 200 and replay it. This adapter has echo
 // write the error inside the guard, where it is recorded and replayed like
 // any response.
+//
+// So the guard's middleware returns nil: an outer middleware that maps a
+// handler's returned errors to responses never sees them. Put such mapping
+// in echo's HTTPErrorHandler, or in middleware after the guard, inside it.
 package idemecho
 
 import (

@@ -51,18 +51,49 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 		orig, origReq := c.Writer, c.Request
 		r := origReq.WithContext(context.WithValue(origReq.Context(), ctxKey{}, c))
 		ran := false
+		defer abortOnPanic(orig)
 		guard.Serve(orig, r, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			ran = true
 			gw := &writer{ResponseWriter: orig, out: w}
 			c.Writer, c.Request = gw, req
 			defer func() { c.Writer, c.Request = orig, origReq }()
 			c.Next()
+			if !gw.sent && gw.status == 0 && len(c.Errors) > 0 {
+				// gin's error pattern: c.Error, and a middleware outside
+				// the guard renders it. That answer cannot be recorded, so
+				// the key is released, as for any error.
+				idemhttp.ReleaseKey(w)
+				return
+			}
 			gw.WriteHeaderNow() // a status set with no body: send it now, inside the guard
+			orig.WriteHeaderNow()
 		}))
 		if !ran {
 			c.Abort()
 		}
 	}
+}
+
+// abortOnPanic makes sure that a response the guard aborts
+// (http.ErrAbortHandler, after a handler panicked mid-response) reaches the
+// client as aborted: gin.Recovery takes that panic for a broken pipe and
+// would end the half-written response as if it were whole. So the
+// connection is closed here before the panic goes on.
+func abortOnPanic(w http.ResponseWriter) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	if v == http.ErrAbortHandler { //nolint:errorlint // the sentinel itself is what net/http panics with
+		// gin's own writer refuses to hijack once a body is out: go round it.
+		if u, ok := w.(interface{ Unwrap() http.ResponseWriter }); ok {
+			w = u.Unwrap()
+		}
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}
+	panic(v)
 }
 
 // writer is the gin.ResponseWriter a guarded handler writes to. Its status

@@ -29,6 +29,11 @@ var (
 	// store run fn again.
 	ErrOutcomeUnknown = errors.New("idem: outcome unknown: the key was claimed but its owner stopped before recording an outcome")
 
+	// ErrNotInterrupted is returned by Resolve when the key is not
+	// interrupted: it has no record, or already has an outcome, or changed
+	// hands while it was being resolved.
+	ErrNotInterrupted = errors.New("idem: the key is not interrupted")
+
 	// ErrInvalidKey is returned when a key is empty, longer than MaxKeyLen
 	// bytes, not valid UTF-8, or holds a control character.
 	ErrInvalidKey = errors.New("idem: invalid key")
@@ -118,7 +123,7 @@ func (e *NotRecordedError) Unwrap() error { return e.Err }
 
 // BackendError is returned when a Backend call fails: the backend is
 // unreachable, full or broken. Op names the call ("claim", "get", "forget",
-// "sweep"); for "claim", fn did not run, and a claim that may have landed
+// "sweep", "resolve"); for "claim", fn did not run, and a claim that may have landed
 // unseen (its reply lost) is released as soon as the backend answers again.
 type BackendError struct {
 	Op  string

@@ -35,6 +35,7 @@ var contractTests = []struct {
 	{"LostLeaseIsFenced", testLostLeaseIsFenced},
 	{"OutcomeSurvivesRestart", testOutcomeSurvivesRestart},
 	{"CrashIsOutcomeUnknown", testCrashIsOutcomeUnknown},
+	{"ResolveInterrupted", testResolveInterrupted},
 	{"WaitForOtherStoreEndsWithContext", testWaitForOtherStore},
 }
 

@@ -1,0 +1,75 @@
+package idemtest
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A consumer killed after its side effect and before recording it leaves
+// its key interrupted. Resolved as done, the key replays the outcome the
+// operator gave to a late duplicate, which does not run; resolved as a
+// final error, it replays that error. Only an interrupted key can be
+// resolved.
+func testResolveInterrupted(c *contract) {
+	t := c.t
+	c.needBackend()
+	ctx := context.Background()
+	fp, err := idem.DefaultFingerprint("p")
+	require.NoError(t, err)
+	keys := []string{"applied", "declined"}
+	for _, key := range keys { // the killed consumer's claims
+		claim := backend.Record{Key: key, Fingerprint: fp, Token: "killed-" + key, State: backend.StatePending}
+		_, won, err := c.b.Claim(ctx, claim, time.Now(), 100*time.Millisecond)
+		require.NoError(t, err)
+		require.True(t, won)
+	}
+	c.reopen()
+	require.True(t, poll(func() bool {
+		for _, key := range keys {
+			if rec, ok := c.record(key); !ok || rec.State != backend.StateInterrupted {
+				return false
+			}
+		}
+		return true
+	}), "the killed consumer's claims never read as interrupted")
+
+	s := c.store(idem.Options{})
+	require.NoError(t, s.Resolve(ctx, "applied", receipt{N: 3}, nil))
+	require.NoError(t, s.Resolve(ctx, "declined", receipt{}, errors.New("out of stock")))
+
+	var calls atomic.Int32
+	v, err := c.run(s, c.bounded(), "applied", "p", counting(&calls))
+	require.NoError(t, err)
+	assert.Equal(t, receipt{N: 3}, v, "the late duplicate replays the operator's outcome")
+	_, err = c.run(s, c.bounded(), "declined", "p", counting(&calls))
+	assert.True(t, idem.IsFinal(err), "a resolved error is final: %v", err)
+	assert.EqualError(t, err, "out of stock")
+	_, err = c.run(s, c.bounded(), "applied", "another payload", counting(&calls))
+	assert.ErrorIs(t, err, idem.ErrPayloadMismatch, "the key keeps its payload")
+	assert.Zero(t, calls.Load(), "a resolved key never runs")
+
+	other := c.store(idem.Options{}) // another process sees it too
+	v, err = c.run(other, c.bounded(), "applied", "p", counting(&calls))
+	require.NoError(t, err)
+	assert.Equal(t, receipt{N: 3}, v)
+
+	assert.ErrorIs(t, s.Resolve(ctx, "applied", receipt{N: 4}, nil), idem.ErrNotInterrupted, "an outcome is not overwritten")
+	assert.ErrorIs(t, s.Resolve(ctx, "never-claimed", receipt{}, nil), idem.ErrNotInterrupted)
+	assert.ErrorIs(t, s.Resolve(ctx, "bad\x00key", receipt{}, nil), idem.ErrInvalidKey)
+
+	// A key in flight, in another store under a live lease.
+	holder := c.store(idem.Options{Lease: time.Minute})
+	tk, err := holder.Begin(ctx, "live", "p")
+	require.NoError(t, err)
+	assert.ErrorIs(t, s.Resolve(ctx, "live", receipt{}, nil), idem.ErrInProgress)
+	assert.ErrorIs(t, holder.Resolve(ctx, "live", receipt{}, nil), idem.ErrInProgress, "in flight in this very store")
+	tk.Release()
+	assert.Zero(t, calls.Load())
+}

@@ -4,8 +4,11 @@
 //	idem [-name NAME] inspect WHERE      list every key: state, age, expiry, sizes
 //	idem [-name NAME] show WHERE KEY     one key's record in full
 //	idem [-name NAME] forget WHERE KEY   drop a key's record: an operator's
-//	                                     reconciliation of an interrupted key, once
-//	                                     the operation's real outcome is known
+//	                                     reconciliation of an interrupted key whose
+//	                                     operation did not take effect
+//	idem [-name NAME] resolve WHERE KEY (-result JSON | -error MSG) [-ttl D]
+//	                                     settle an interrupted key whose operation did
+//	                                     take effect: later calls replay this outcome
 //	idem [-name NAME] sweep WHERE        delete the expired records
 //
 // WHERE is a bolt file, a postgres:// DSN or a redis:// URL; -name is the
@@ -30,7 +33,9 @@ import (
 const usage = `usage:
   idem [-name NAME] inspect WHERE      list every key: state, age, expiry, sizes
   idem [-name NAME] show WHERE KEY     one key's record in full
-  idem [-name NAME] forget WHERE KEY   drop a key's record (reconcile an interrupted key)
+  idem [-name NAME] forget WHERE KEY   drop a key's record (an interrupted key that did not happen)
+  idem [-name NAME] resolve WHERE KEY (-result JSON | -error MSG) [-ttl 24h]
+                                       settle an interrupted key that did happen: replay this outcome
   idem [-name NAME] sweep WHERE        delete the expired records
 WHERE is a bolt file, a postgres:// DSN or a redis:// URL; NAME the table or key prefix.
 `
@@ -50,20 +55,28 @@ func run(args []string, stdout, stderr io.Writer, now time.Time) int {
 		return 2
 	}
 	args = flags.Args()
-	want := map[string]int{"inspect": 2, "show": 3, "forget": 3, "sweep": 2}
-	if len(args) == 0 || want[args[0]] != len(args) {
+	want := map[string]int{"inspect": 2, "show": 3, "forget": 3, "sweep": 2, "resolve": 3}
+	if len(args) == 0 || want[args[0]] == 0 || len(args) < want[args[0]] || (args[0] != "resolve" && want[args[0]] != len(args)) {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
 	cmd, where := args[0], args[1]
-	if err := command(cmd, where, *name, args[2:], stdout, now); err != nil {
+	var outcome *resolution
+	if cmd == "resolve" {
+		var err error
+		if outcome, err = parseResolution(args[3:]); err != nil {
+			fmt.Fprintf(stderr, "idem resolve: %v\n%s", err, usage)
+			return 2
+		}
+	}
+	if err := command(cmd, where, *name, args[2:], outcome, stdout, now); err != nil {
 		fmt.Fprintf(stderr, "idem %s: %v\n", cmd, err)
 		return 1
 	}
 	return 0
 }
 
-func command(cmd, where, name string, rest []string, w io.Writer, now time.Time) error {
+func command(cmd, where, name string, rest []string, outcome *resolution, w io.Writer, now time.Time) error {
 	ctx := context.Background()
 	b, closeTarget, err := openTarget(ctx, where, name, w)
 	if err != nil {
@@ -75,6 +88,8 @@ func command(cmd, where, name string, rest []string, w io.Writer, now time.Time)
 		return inspect(ctx, b, w, now)
 	case "show":
 		return show(ctx, b, rest[0], w, now)
+	case "resolve":
+		return resolve(ctx, b, rest[0], outcome, w, now)
 	case "forget":
 		if err := b.Forget(ctx, rest[0], now); err != nil {
 			return err
@@ -144,7 +159,8 @@ func show(ctx context.Context, b target, key string, w io.Writer, now time.Time)
 	}
 	if rec.State == backend.StateInterrupted || rec.Lapsed(now) {
 		fmt.Fprintln(w, "\nThe operation may or may not have taken effect. Check its real outcome,")
-		fmt.Fprintf(w, "then clear the key with: idem forget FILE %q\n", rec.Key)
+		fmt.Fprintf(w, "then, if it did not happen, clear the key with: idem forget FILE %q\n", rec.Key)
+		fmt.Fprintf(w, "or, if it did, settle it with:                idem resolve FILE %q -result JSON\n", rec.Key)
 	}
 	return nil
 }

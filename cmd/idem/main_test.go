@@ -123,3 +123,37 @@ func TestErrors(t *testing.T) {
 	assert.Contains(t, errs, "locked by another process")
 	assert.Contains(t, errs, "still running")
 }
+
+// zeroFingerprint matches the fixture's dead claims, which carry none.
+func zeroFingerprint(any) (idem.Fingerprint, error) { return idem.Fingerprint{}, nil }
+
+// A consumer killed after applying order-103 and before recording it: the
+// operator resolves the key as done, and a late duplicate replays the
+// given outcome instead of running.
+func TestResolve(t *testing.T) {
+	path := fixture(t)
+	code, _, errs := runCmd("resolve", path, "order-103")
+	assert.Equal(t, 2, code, "an outcome is required")
+	assert.Contains(t, errs, "-result JSON or -error MSG")
+	code, _, _ = runCmd("resolve", path, "order-103", "-result", "{not json")
+	assert.Equal(t, 2, code)
+	code, _, errs = runCmd("resolve", path, "order-101", "-result", `{"charge":9}`)
+	assert.Equal(t, 1, code, "a completed key is not resolved again")
+	assert.Contains(t, errs, "already has an outcome")
+
+	code, out, errs := runCmd("resolve", path, "order-103", "-result", `{"charge":3,"amount":120}`)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, `resolved "order-103"`)
+
+	b, err := bolt.Open(path, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	s := idem.New[map[string]int](idem.Options{Backend: b, Fingerprint: zeroFingerprint})
+	defer s.Close()
+	v, err := s.RunOnce(context.Background(), "order-103", "late duplicate", func(context.Context) (map[string]int, error) {
+		t.Error("a resolved key ran again")
+		return nil, nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int{"charge": 3, "amount": 120}, v)
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
@@ -67,6 +68,31 @@ func TestSharedBackends(t *testing.T) {
 			assert.Contains(t, out, "forgot")
 			_, out, _ = runCmd("-name", tc.table, "inspect", tc.where)
 			assert.True(t, strings.HasSuffix(out, "0 record(s)\n"), out)
+
+			// Killed again, and this time it did happen: resolve it as a
+			// final error, which a late duplicate replays.
+			_, _, err = b.Claim(ctx, dead, time.Now(), time.Millisecond)
+			require.NoError(t, err)
+			for deadline := time.Now().Add(10 * time.Second); ; {
+				rec, _, err := b.Get(ctx, dead.Key, time.Now())
+				require.NoError(t, err)
+				if rec.State == backend.StateInterrupted {
+					break
+				}
+				require.True(t, time.Now().Before(deadline), "the lease never lapsed")
+				time.Sleep(5 * time.Millisecond)
+			}
+			code, out, errs = runCmd("-name", tc.table, "resolve", tc.where, "order-103", "-error", "out of stock")
+			require.Equal(t, 0, code, errs)
+			assert.Contains(t, out, "resolved")
+			s := idem.New[int](idem.Options{Backend: b, Fingerprint: zeroFingerprint})
+			defer s.Close()
+			_, err = s.RunOnce(ctx, "order-103", "late", func(context.Context) (int, error) {
+				t.Error("a resolved key ran again")
+				return 0, nil
+			})
+			assert.True(t, idem.IsFinal(err), "%v", err)
+			assert.EqualError(t, err, "out of stock")
 		})
 	}
 }

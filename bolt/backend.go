@@ -39,8 +39,13 @@ var (
 	ErrCorrupt = errors.New("bolt: database is corrupt")
 
 	// ErrNotIdem is returned by Open for a bbolt database that idem did not
-	// create, so that a wrong path never gets written into.
+	// create, so that a wrong path never gets written into, and, with
+	// Options.ReadOnly, for an empty file.
 	ErrNotIdem = errors.New("bolt: not an idem database")
+
+	// ErrReadOnly is returned by every write of a Backend opened with
+	// Options.ReadOnly.
+	ErrReadOnly = errors.New("bolt: database opened read-only")
 )
 
 var (
@@ -62,7 +67,8 @@ var testHookBeforeComplete func()
 // it after the Stores that use it. It is safe for concurrent use.
 type Backend struct {
 	db          *bbolt.DB
-	interrupted int // records found pending by Open and marked interrupted
+	interrupted int  // records found pending by Open and marked interrupted
+	readOnly    bool // Options.ReadOnly: no committer, every write refused
 
 	mu     sync.RWMutex
 	closed bool          // guarded by mu
@@ -82,6 +88,9 @@ func Open(path string, opts *Options) (*Backend, error) {
 	o := opts.withDefaults()
 	if err := checkFile(path); err != nil {
 		return nil, err
+	}
+	if o.ReadOnly {
+		return openReadOnly(path, o)
 	}
 	db, err := openDB(path, o)
 	if err != nil {
@@ -117,6 +126,7 @@ func openDB(path string, o Options) (db *bbolt.DB, err error) {
 		Timeout:      o.LockTimeout,
 		FreelistType: bbolt.FreelistMapType,
 		NoSync:       o.noSync,
+		ReadOnly:     o.ReadOnly,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			f, err := os.OpenFile(name, flag, perm)
 			file = f
@@ -132,6 +142,44 @@ func openDB(path string, o Options) (db *bbolt.DB, err error) {
 		return nil, fmt.Errorf("bolt: opening %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// openReadOnly opens an existing idem file for reading only: it writes
+// nothing, not even the marks of interrupted claims, so it can inspect a
+// file on a full disk, and it shares the file with other read-only
+// openers.
+func openReadOnly(path string, o Options) (*Backend, error) {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return nil, err
+	case fi.Size() == 0:
+		return nil, fmt.Errorf("%w: %s is empty", ErrNotIdem, path)
+	}
+	db, err := openDB(path, o)
+	if err != nil {
+		return nil, err
+	}
+	err = view(db, func(tx *bbolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return fmt.Errorf("%w: it has no %s bucket", ErrNotIdem, bucketMeta)
+		}
+		if v := meta.Get(formatKey); !bytes.Equal(v, formatVersion) {
+			return fmt.Errorf("%w: unknown format %x", ErrNotIdem, v)
+		}
+		for _, name := range [][]byte{bucketRecords, bucketExpiry, bucketPending} {
+			if tx.Bucket(name) == nil {
+				return fmt.Errorf("%w: it has no %s bucket", ErrNotIdem, name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("bolt: %s: %w", path, err)
+	}
+	return &Backend{db: db, readOnly: true}, nil
 }
 
 // initialize makes the buckets of a new file, checks an old one is idem's,
@@ -201,6 +249,10 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.closed = true
+	if b.readOnly {
+		b.mu.Unlock()
+		return b.db.Close()
+	}
 	close(b.reqs)
 	b.mu.Unlock()
 	<-b.exited
@@ -213,6 +265,9 @@ func (b *Backend) Close() error {
 func (b *Backend) write(ctx context.Context, o op) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if b.readOnly {
+		return ErrReadOnly
 	}
 	r := &request{op: o, done: make(chan error, 1)}
 	b.mu.RLock()

@@ -20,6 +20,16 @@ type Options struct {
 	// 1024.
 	MaxBatch int
 
+	// ReadOnly opens an existing idem file for reading only, as an
+	// operator's tool does: Get and Each work, every write returns
+	// ErrReadOnly, and nothing is written to the file, not even the marks
+	// Open otherwise puts on claims an earlier process left pending (Get
+	// reports those as interrupted once their lease lapses, or as pending
+	// for a claim without a lease). Several read-only openers may share a
+	// file; none may while a writer holds it. False opens, or creates, the
+	// file for reading and writing.
+	ReadOnly bool
+
 	// noSync skips fsync: for tests that measure memory, not durability.
 	noSync bool
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -221,4 +222,43 @@ func TestForgetUnreadableRecord(t *testing.T) {
 	v, err := s.RunOnce(ctx, "k", nil, func(context.Context) (int, error) { return 2, nil })
 	require.NoError(t, err)
 	assert.Equal(t, 2, v)
+}
+
+// A read-only Backend writes nothing: an empty file stays empty, a
+// database's bytes are unchanged, and writes are refused.
+func TestReadOnly(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.db")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	_, err := Open(empty, &Options{ReadOnly: true})
+	assert.ErrorIs(t, err, ErrNotIdem)
+	fi, err := os.Stat(empty)
+	require.NoError(t, err)
+	assert.Zero(t, fi.Size(), "a read-only open turned an empty file into a database")
+	_, err = Open(filepath.Join(dir, "missing.db"), &Options{ReadOnly: true})
+	assert.ErrorIs(t, err, os.ErrNotExist)
+
+	path := filepath.Join(dir, "idem.db")
+	b, err := Open(path, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, _, err = b.Claim(ctx, backend.Record{Key: "k", Token: "t", State: backend.StatePending}, time.Now(), 0)
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	ro, err := Open(path, &Options{ReadOnly: true})
+	require.NoError(t, err)
+	rec, ok, err := ro.Get(ctx, "k", time.Now())
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, "t", rec.Token)
+	_, _, err = ro.Claim(ctx, backend.Record{Key: "k2", Token: "t"}, time.Now(), 0)
+	assert.ErrorIs(t, err, ErrReadOnly)
+	assert.ErrorIs(t, ro.Forget(ctx, "k", time.Now()), ErrReadOnly)
+	require.NoError(t, ro.Close())
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "a read-only open changed the file")
 }

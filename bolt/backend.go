@@ -406,10 +406,20 @@ func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.R
 		if rec, err = decode([]byte(key), v); err != nil {
 			return err
 		}
-		rec, found = rec.SeenAt(now)
+		rec, found = b.seen(rec).SeenAt(now)
 		return nil
 	})
 	return rec, found, err
+}
+
+// seen returns rec as this Backend reports it. Opened read-only, it reports
+// a pending record as interrupted: no writer can hold the file while a
+// reader does, so its owner is gone, as a writable Open would record.
+func (b *Backend) seen(rec backend.Record) backend.Record {
+	if b.readOnly && rec.State == backend.StatePending {
+		rec.State = backend.StateInterrupted
+	}
+	return rec
 }
 
 func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
@@ -501,7 +511,7 @@ func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error
 			if err != nil {
 				return err
 			}
-			return fn(rec)
+			return fn(b.seen(rec))
 		})
 	})
 }

@@ -23,10 +23,10 @@ type Options struct {
 	// ReadOnly opens an existing idem file for reading only, as an
 	// operator's tool does: Get and Each work, every write returns
 	// ErrReadOnly, and nothing is written to the file, not even the marks
-	// Open otherwise puts on claims an earlier process left pending (Get
-	// reports those as interrupted once their lease lapses, or as pending
-	// for a claim without a lease). Several read-only openers may share a
-	// file; none may while a writer holds it. False opens, or creates, the
+	// Open otherwise puts on claims an earlier process left pending; Get and
+	// Each report those as interrupted all the same, since no writer can
+	// hold the file while it is open read-only. Several read-only openers
+	// may share a file; none may while a writer holds it. False opens, or creates, the
 	// file for reading and writing.
 	ReadOnly bool
 

@@ -254,6 +254,7 @@ func TestReadOnly(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.Equal(t, "t", rec.Token)
+	assert.Equal(t, backend.StateInterrupted, rec.State, "its owner is gone: no writer holds the file")
 	_, _, err = ro.Claim(ctx, backend.Record{Key: "k2", Token: "t"}, time.Now(), 0)
 	assert.ErrorIs(t, err, ErrReadOnly)
 	assert.ErrorIs(t, ro.Forget(ctx, "k", time.Now()), ErrReadOnly)

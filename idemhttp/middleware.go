@@ -253,7 +253,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	storeKey := key
 	if g.opts.Scope != nil {
-		storeKey = scopedKey(scope, key)
+		storeKey = StoreKey(scope, key)
 	}
 	bctx, cancel := context.WithTimeout(ctx, g.opts.Wait)
 	defer cancel()
@@ -371,12 +371,15 @@ func isClaimFailure(err error) bool {
 	return errors.As(err, &be) && be.Op == "claim"
 }
 
-// scopedKey joins scope and key into one store key that no other pair
-// produces, the empty scope included: the scope's length, the scope, then
-// the key. One that idem would
-// not accept, being too long or holding control characters, is replaced by
-// its SHA-256.
-func scopedKey(scope, key string) string {
+// StoreKey returns the key under which the middleware keeps a request's
+// outcome when Options.Scope is set: scope and the Idempotency-Key joined
+// so that no other pair gives the same result, the empty scope included
+// (the scope's length, ":", the scope, ":", the key, as in
+// "10:acct-alice:curl-key-1"). One that idem would not accept, being too
+// long or holding control characters, is "sha256:" and the hex of its
+// SHA-256. Operators use it to find a request's record (idem show -scope).
+// Without Options.Scope the store key is the Idempotency-Key itself.
+func StoreKey(scope, key string) string {
 	k := strconv.Itoa(len(scope)) + ":" + scope + ":" + key
 	if idem.CheckKey(k) == nil {
 		return k

@@ -1,193 +1,204 @@
 // Command idem inspects and repairs the records of an idem store: a bolt
 // file, a PostgreSQL table or a Redis key prefix.
 //
-//	idem [-name NAME] inspect WHERE      list every key: state, age, expiry, sizes
-//	idem [-name NAME] show WHERE KEY     one key's record in full
-//	idem [-name NAME] forget WHERE KEY   drop a key's record: an operator's
-//	                                     reconciliation of an interrupted key whose
-//	                                     operation did not take effect
-//	idem [-name NAME] resolve WHERE KEY (-result JSON | -error MSG) [-ttl D]
-//	                                     settle an interrupted key whose operation did
-//	                                     take effect: later calls replay this outcome
-//	idem [-name NAME] sweep WHERE        delete the expired records
+//	idem inspect WHERE [-state S] [-json]
+//	idem show    WHERE KEY [-scope S] [-json]
+//	idem forget  WHERE KEY [-scope S]
+//	idem resolve WHERE KEY (-result JSON | -error MSG) [-ttl D] [-scope S]
+//	idem sweep   WHERE
 //
-// WHERE is a bolt file, a postgres:// DSN or a redis:// URL; -name is the
-// PostgreSQL table or the Redis key prefix, if not the default. A bolt file
-// must not be open in a running service: bbolt allows one process at a
+// Run idem help for the whole text, flags and exit codes included. A bolt
+// file must not be open in a running service: bbolt allows one writer at a
 // time, and idem fails after a second rather than wait.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
-	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemhttp"
 )
 
-const usage = `usage:
-  idem [-name NAME] inspect WHERE      list every key: state, age, expiry, sizes
-  idem [-name NAME] show WHERE KEY     one key's record in full
-  idem [-name NAME] forget WHERE KEY   drop a key's record (an interrupted key that did not happen)
-  idem [-name NAME] resolve WHERE KEY (-result JSON | -error MSG) [-ttl 24h]
-                                       settle an interrupted key that did happen: replay this outcome
-  idem [-name NAME] sweep WHERE        delete the expired records
-WHERE is a bolt file, a postgres:// DSN or a redis:// URL; NAME the table or key prefix.
+const usage = `idem inspects and repairs the records of an idem store.
+
+usage:
+  idem inspect WHERE [-state S] [-json]     list the keys, interrupted first:
+                                            state, age, expiry, sizes
+  idem show WHERE KEY [-scope S] [-json]    one key's record in full
+  idem forget WHERE KEY [-scope S]          drop an interrupted key whose operation
+                                            did not happen: the next call runs it
+  idem resolve WHERE KEY (-result JSON | -error MSG) [-ttl 24h] [-scope S]
+                                            settle an interrupted key whose operation
+                                            did happen: later calls replay this outcome
+  idem sweep WHERE                          delete the expired records
+  idem help                                 this text
+
+WHERE is a bolt file, a postgres:// DSN or a redis:// URL. Flags may come
+before or after the command and its arguments:
+  -name NAME    the PostgreSQL table or Redis key prefix, if not the default
+                (idem_keys; no prefix)
+  -scope S      KEY is an Idempotency-Key that idemhttp stored for the client
+                scope S (its store key is idemhttp.StoreKey(S, KEY))
+  -state S      inspect only the keys in state S: pending, interrupted, completed
+  -json         inspect and show print JSON
+  -timeout D    bound on the whole command, network calls included (default 30s)
+inspect and show never write: a bolt file is opened read-only.
+
+exit status: 0 done, 1 failed, 2 misused, 3 no such key
 `
+
+// Exit codes, as the usage text documents them.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitMisuse = 2
+	exitNoKey  = 3
+)
+
+// errNoKey is returned by the commands on a key that has no record.
+var errNoKey = errors.New("no record for this key")
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, time.Now()))
 }
 
-// run carries out one command and returns the process's exit code: 0 done,
-// 1 failed, 2 misused.
-func run(args []string, stdout, stderr io.Writer, now time.Time) int {
-	flags := flag.NewFlagSet("idem", flag.ContinueOnError)
-	flags.SetOutput(io.Discard)
-	name := flags.String("name", "", "PostgreSQL table or Redis key prefix")
-	if err := flags.Parse(args); err != nil {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	args = flags.Args()
-	want := map[string]int{"inspect": 2, "show": 3, "forget": 3, "sweep": 2, "resolve": 3}
-	if len(args) == 0 || want[args[0]] == 0 || len(args) < want[args[0]] || (args[0] != "resolve" && want[args[0]] != len(args)) {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	cmd, where := args[0], args[1]
-	var outcome *resolution
-	if cmd == "resolve" {
-		var err error
-		if outcome, err = parseResolution(args[3:]); err != nil {
-			fmt.Fprintf(stderr, "idem resolve: %v\n%s", err, usage)
-			return 2
-		}
-	}
-	if err := command(cmd, where, *name, args[2:], outcome, stdout, now); err != nil {
-		fmt.Fprintf(stderr, "idem %s: %v\n", cmd, err)
-		return 1
-	}
-	return 0
+// settings are the flags of one invocation.
+type settings struct {
+	name, scope, state string
+	json               bool
+	timeout            time.Duration
+	outcome            *resolution // resolve only
 }
 
-func command(cmd, where, name string, rest []string, outcome *resolution, w io.Writer, now time.Time) error {
-	ctx := context.Background()
-	b, closeTarget, err := openTarget(ctx, where, name, w)
+// commands gives each command the number of positional arguments it takes
+// after its name.
+var commands = map[string]int{"inspect": 1, "show": 2, "forget": 2, "resolve": 2, "sweep": 1, "help": 0}
+
+// run carries out one command and returns the process's exit code.
+func run(args []string, stdout, stderr io.Writer, now time.Time) int {
+	var set settings
+	flags := flag.NewFlagSet("idem", flag.ContinueOnError)
+	flags.SetOutput(io.Discard)
+	flags.StringVar(&set.name, "name", "", "")
+	flags.StringVar(&set.scope, "scope", "", "")
+	flags.StringVar(&set.state, "state", "", "")
+	flags.BoolVar(&set.json, "json", false, "")
+	flags.DurationVar(&set.timeout, "timeout", 30*time.Second, "")
+	result := flags.String("result", "", "")
+	errMsg := flags.String("error", "", "")
+	ttl := flags.Duration("ttl", 24*time.Hour, "")
+
+	// Flags may come anywhere: parse, take one argument, parse again.
+	var pos []string
+	for {
+		if err := flags.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprint(stdout, usage)
+				return exitOK
+			}
+			return misuse(stderr, "", err.Error())
+		}
+		if flags.NArg() == 0 {
+			break
+		}
+		pos = append(pos, flags.Arg(0))
+		args = flags.Args()[1:]
+	}
+	if len(pos) == 0 {
+		return misuse(stderr, "", "no command given")
+	}
+	cmd := pos[0]
+	want, known := commands[cmd]
+	switch {
+	case !known:
+		return misuse(stderr, "", fmt.Sprintf("unknown command %q", cmd))
+	case cmd == "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	case len(pos)-1 != want:
+		what := "WHERE"
+		if want == 2 {
+			what = "WHERE KEY"
+		}
+		return misuse(stderr, cmd, fmt.Sprintf("want %s, got %d argument(s)", what, len(pos)-1))
+	case set.state != "" && cmd != "inspect", set.json && cmd != "inspect" && cmd != "show":
+		return misuse(stderr, cmd, "-state goes with inspect, -json with inspect and show")
+	case set.state != "" && set.state != "pending" && set.state != "interrupted" && set.state != "completed":
+		return misuse(stderr, cmd, fmt.Sprintf("-state %q: want pending, interrupted or completed", set.state))
+	case set.timeout <= 0:
+		return misuse(stderr, cmd, "-timeout must be positive")
+	}
+	if cmd == "resolve" {
+		var err error
+		if set.outcome, err = newResolution(*result, *errMsg, *ttl); err != nil {
+			return misuse(stderr, cmd, err.Error())
+		}
+	} else if *result != "" || *errMsg != "" {
+		return misuse(stderr, cmd, "-result and -error go with resolve")
+	}
+	where, key := pos[1], ""
+	if want == 2 {
+		key = pos[2]
+		if set.scope != "" {
+			key = idemhttp.StoreKey(set.scope, key)
+		}
+		if err := idem.CheckKey(key); err != nil {
+			return misuse(stderr, cmd, err.Error())
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), set.timeout)
+	defer cancel()
+	err := command(ctx, cmd, where, key, set, stdout, now)
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, context.DeadlineExceeded):
+		fmt.Fprintf(stderr, "idem %s: %s did not answer within %s (-timeout): %v\n", cmd, display(where), set.timeout, err)
+	default:
+		fmt.Fprintf(stderr, "idem %s: %v\n", cmd, err)
+	}
+	if errors.Is(err, errNoKey) {
+		return exitNoKey
+	}
+	return exitFailed
+}
+
+// misuse reports a command line that cannot be carried out, with the
+// reason and the usage.
+func misuse(stderr io.Writer, cmd, reason string) int {
+	prefix := "idem"
+	if cmd != "" {
+		prefix += " " + cmd
+	}
+	fmt.Fprintf(stderr, "%s: %s\n\n%s", prefix, reason, usage)
+	return exitMisuse
+}
+
+func command(ctx context.Context, cmd, where, key string, set settings, w io.Writer, now time.Time) error {
+	readOnly := cmd == "inspect" || cmd == "show"
+	b, closeTarget, err := openTarget(ctx, where, set.name, readOnly, w)
 	if err != nil {
 		return err
 	}
 	defer closeTarget()
+	t := &tool{b: b, where: where, name: set.name, w: w, now: now, json: set.json}
 	switch cmd {
 	case "inspect":
-		return inspect(ctx, b, w, now)
+		err = t.inspect(ctx, set.state)
 	case "show":
-		return show(ctx, b, rest[0], w, now)
-	case "resolve":
-		return resolve(ctx, b, rest[0], outcome, w, now)
+		err = t.show(ctx, key)
 	case "forget":
-		if err := b.Forget(ctx, rest[0], now); err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "forgot %q: the next call with this key runs its operation again\n", rest[0])
-		return nil
-	default: // sweep
-		total := 0
-		for {
-			n, err := b.Sweep(ctx, now, 1000)
-			total += n
-			if err != nil {
-				return err
-			}
-			if n < 1000 {
-				fmt.Fprintf(w, "swept %d expired record(s)\n", total)
-				return nil
-			}
-		}
+		err = t.forget(ctx, key)
+	case "resolve":
+		err = t.resolve(ctx, key, set.outcome)
+	default:
+		err = t.sweep(ctx)
 	}
-}
-
-func inspect(ctx context.Context, b target, w io.Writer, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tSTATE\tAGE\tEXPIRES IN\tVALUE BYTES\tRECORD BYTES")
-	count := 0
-	err := b.Each(ctx, func(rec backend.Record) error {
-		count++
-		size := 0
-		if enc, err := rec.MarshalBinary(); err == nil {
-			size = len(enc)
-		}
-		fmt.Fprintf(tw, "%q\t%s\t%s\t%s\t%d\t%d\n", rec.Key, state(rec, now), age(rec, now), expiresIn(rec, now), len(rec.Value), size)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "%d record(s)\n", count)
-	return nil
-}
-
-func show(ctx context.Context, b target, key string, w io.Writer, now time.Time) error {
-	rec, ok, err := b.Get(ctx, key, now)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("no record for key %q", key)
-	}
-	fmt.Fprintf(w, "key:         %q\n", rec.Key)
-	fmt.Fprintf(w, "state:       %s\n", state(rec, now))
-	fmt.Fprintf(w, "claimed:     %s (%s ago)\n", rec.CreatedAt.UTC().Format(time.RFC3339Nano), age(rec, now))
-	fmt.Fprintf(w, "expires:     %s\n", expiresIn(rec, now))
-	fmt.Fprintf(w, "fingerprint: %x\n", rec.Fingerprint)
-	fmt.Fprintf(w, "token:       %s\n", rec.Token)
-	if rec.Failed {
-		fmt.Fprintf(w, "final error: %q\n", rec.ErrMsg)
-	}
-	if utf8.Valid(rec.Value) {
-		fmt.Fprintf(w, "value:       %q\n", rec.Value)
-	} else {
-		fmt.Fprintf(w, "value (hex): %x\n", rec.Value)
-	}
-	if rec.State == backend.StateInterrupted || rec.Lapsed(now) {
-		fmt.Fprintln(w, "\nThe operation may or may not have taken effect. Check its real outcome,")
-		fmt.Fprintf(w, "then, if it did not happen, clear the key with: idem forget FILE %q\n", rec.Key)
-		fmt.Fprintf(w, "or, if it did, settle it with:                idem resolve FILE %q -result JSON\n", rec.Key)
-	}
-	return nil
-}
-
-func state(rec backend.Record, now time.Time) string {
-	switch {
-	case rec.State == backend.StateCompleted && rec.Failed:
-		return "completed (final error)"
-	case rec.Lapsed(now):
-		return "interrupted (lease lapsed)"
-	}
-	return rec.State.String()
-}
-
-func age(rec backend.Record, now time.Time) string {
-	if rec.CreatedAt.IsZero() {
-		return "unknown"
-	}
-	return now.Sub(rec.CreatedAt).Round(time.Second).String()
-}
-
-func expiresIn(rec backend.Record, now time.Time) string {
-	switch {
-	case rec.State != backend.StateCompleted:
-		return "never (waits for an operator)"
-	case !now.Before(rec.ExpiresAt):
-		return "expired"
-	}
-	return rec.ExpiresAt.Sub(now).Round(time.Second).String()
+	return explain(err, set.name)
 }

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem/backend"
@@ -22,16 +24,30 @@ type target interface {
 	Each(ctx context.Context, fn func(backend.Record) error) error
 }
 
+// quiet drops go-redis's own log lines (a pool that cannot dial logs each
+// try): the command reports the failure once, naming the address.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
 // openTarget opens where: a postgres:// or postgresql:// DSN, a redis://
-// URL, or else a bolt file. name is the table (postgres) or key prefix
-// (redis); empty means the backend's default. It returns a func that closes
-// what it opened.
-func openTarget(ctx context.Context, where, name string, w io.Writer) (target, func(), error) {
+// URL, or else a bolt file, read-only if readOnly. name is the table
+// (postgres) or key prefix (redis); empty means the backend's default. It
+// returns a func that closes what it opened. ctx bounds the connection.
+func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Writer) (target, func(), error) {
 	switch {
 	case strings.HasPrefix(where, "postgres://"), strings.HasPrefix(where, "postgresql://"):
-		pool, err := pgxpool.New(ctx, where)
+		cfg, err := pgxpool.ParseConfig(where)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("%s: %w", display(where), err)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", display(where), err)
+		}
+		if err := pool.Ping(ctx); err != nil {
+			pool.Close()
+			return nil, nil, fmt.Errorf("cannot reach PostgreSQL at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 		}
 		// NoMigrate: an operator's tool never creates tables.
 		b, err := postgres.New(ctx, pool, postgres.Options{Table: name, NoMigrate: true})
@@ -43,12 +59,14 @@ func openTarget(ctx context.Context, where, name string, w io.Writer) (target, f
 	case strings.HasPrefix(where, "redis://"), strings.HasPrefix(where, "rediss://"):
 		opts, err := goredis.ParseURL(where)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("%s: %w", display(where), err)
 		}
+		goredis.SetLogger(quiet{})
+		opts.MaxRetries = -1 // one try per call: the command bounds its own time
 		rdb := goredis.NewClient(opts)
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			rdb.Close()
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
 		}
 		return redis.New(rdb, redis.Options{Prefix: name}), func() { rdb.Close() }, nil
 	}
@@ -56,7 +74,7 @@ func openTarget(ctx context.Context, where, name string, w io.Writer) (target, f
 	if _, err := os.Stat(where); err != nil {
 		return nil, nil, err
 	}
-	b, err := bolt.Open(where, nil)
+	b, err := bolt.Open(where, &bolt.Options{ReadOnly: readOnly})
 	if errors.Is(err, bolt.ErrLocked) {
 		return nil, nil, fmt.Errorf("%w (is the service that uses it still running?)", err)
 	}
@@ -67,4 +85,25 @@ func openTarget(ctx context.Context, where, name string, w io.Writer) (target, f
 		fmt.Fprintf(w, "note: %d key(s) were left in flight by a process that stopped; they are now interrupted\n", n)
 	}
 	return b, func() { b.Close() }, nil
+}
+
+// display returns where as it may be shown: a URL's password is redacted.
+func display(where string) string {
+	if u, err := url.Parse(where); err == nil && u.Scheme != "" && u.User != nil {
+		return u.Redacted()
+	}
+	return where
+}
+
+// explain adds the next step to errors an operator can act on.
+func explain(err error, name string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		table := name
+		if table == "" {
+			table = "idem_keys"
+		}
+		return fmt.Errorf("no table %q in this database: give the store's table with -name (%w)", table, err)
+	}
+	return err
 }

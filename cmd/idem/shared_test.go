@@ -96,3 +96,33 @@ func TestSharedBackends(t *testing.T) {
 		})
 	}
 }
+
+// On a shared backend: a missing table names -name; a key whose lease
+// holds says until when.
+func TestSharedHints(t *testing.T) {
+	ctx := context.Background()
+	dsn := os.Getenv("IDEM_POSTGRES_DSN")
+	if dsn == "" {
+		t.Skip("IDEM_POSTGRES_DSN is not set")
+	}
+	code, _, errs := runCmd("inspect", dsn, "-name", "idem_no_such_table")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, `no table "idem_no_such_table"`)
+	assert.Contains(t, errs, "-name")
+
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	pool, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	defer pool.Exec(ctx, "DROP TABLE IF EXISTS idem_hint_"+suffix)
+	b, err := postgres.New(ctx, pool, postgres.Options{Table: "idem_hint_" + suffix})
+	require.NoError(t, err)
+	_, _, err = b.Claim(ctx, backend.Record{Key: "live", Token: "owner", State: backend.StatePending}, time.Now(), time.Hour)
+	require.NoError(t, err)
+	for _, cmd := range [][]string{{"forget"}, {"resolve", "-result", "1"}} {
+		args := append([]string{cmd[0], dsn, "live", "-name", "idem_hint_" + suffix}, cmd[1:]...)
+		code, _, errs = runCmd(args...)
+		assert.Equal(t, 1, code, "%v", cmd)
+		assert.Contains(t, errs, "lease holds until", "%v", cmd)
+	}
+}

@@ -47,8 +47,8 @@ type view struct {
 	Fingerprint string     `json:"fingerprint"`
 	Token       string     `json:"token"`
 	FinalError  *string    `json:"final_error,omitempty"`
-	Value       *string    `json:"value,omitempty"`        // UTF-8
-	ValueHex    *string    `json:"value_hex,omitempty"`    // otherwise
+	Value       *string    `json:"value,omitempty"`     // UTF-8
+	ValueHex    *string    `json:"value_hex,omitempty"` // otherwise
 	ValueBytes  int        `json:"value_bytes"`
 	RecordBytes int        `json:"record_bytes"`
 }

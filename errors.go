@@ -123,7 +123,7 @@ func (e *NotRecordedError) Unwrap() error { return e.Err }
 
 // BackendError is returned when a Backend call fails: the backend is
 // unreachable, full or broken. Op names the call ("claim", "get", "forget",
-// "sweep", "resolve"); for "claim", fn did not run, and a claim that may have landed
+// "sweep", "resolve", "list"); for "claim", fn did not run, and a claim that may have landed
 // unseen (its reply lost) is released as soon as the backend answers again.
 type BackendError struct {
 	Op  string

@@ -166,3 +166,18 @@ func Owned(n int64, err error, key string) error {
 	}
 	return nil
 }
+
+// A Lister is a Backend that can list its records, for operators' tools
+// and idem.Store.Records. bolt, postgres, redis and idemtest's
+// MemoryBackend implement it.
+type Lister interface {
+	Backend
+
+	// Each calls fn with every record the backend holds, in no set order,
+	// and stops with fn's first error. Records come as stored: a pending
+	// record may have a lapsed lease, which Get would report as
+	// interrupted; an expired record may come until it is swept. fn must
+	// not call the backend: Each may hold a read open (bbolt deadlocks on
+	// a nested one).
+	Each(ctx context.Context, fn func(Record) error) error
+}

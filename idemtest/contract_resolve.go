@@ -73,3 +73,56 @@ func testResolveInterrupted(c *contract) {
 	tk.Release()
 	assert.Zero(t, calls.Load())
 }
+
+// Reconciliation code lists the interrupted keys from a Store, first and
+// by state, then resolves them.
+func testRecordsListsInterruptedFirst(c *contract) {
+	t := c.t
+	c.needBackend()
+	if _, ok := c.b.(backend.Lister); !ok {
+		t.Skip("the backend does not implement backend.Lister")
+	}
+	ctx := context.Background()
+	s := c.store(idem.Options{Lease: time.Minute})
+	var calls atomic.Int32
+	for _, key := range []string{"a-done", "z-done"} {
+		_, err := c.run(s, c.bounded(), key, "p", counting(&calls))
+		require.NoError(t, err)
+	}
+	tk, err := s.Begin(ctx, "m-live", "p")
+	require.NoError(t, err)
+	defer tk.Release()
+	fp, err := idem.DefaultFingerprint("p")
+	require.NoError(t, err)
+	_, _, err = c.b.Claim(ctx, backend.Record{Key: "k-dead", Fingerprint: fp, Token: "killed", State: backend.StatePending}, time.Now(), 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, poll(func() bool { rec, ok := c.record("k-dead"); return ok && rec.State == backend.StateInterrupted }))
+
+	var keys []string
+	var states []backend.RecordState
+	for rec, err := range s.Records(ctx) {
+		require.NoError(t, err)
+		keys = append(keys, rec.Key)
+		states = append(states, rec.State)
+	}
+	require.Len(t, keys, 4, "%v", keys)
+	assert.Equal(t, "k-dead", keys[0], "interrupted keys come first: %v", keys)
+	assert.Equal(t, backend.StateInterrupted, states[0])
+	assert.ElementsMatch(t, []string{"a-done", "z-done", "m-live"}, keys[1:])
+
+	var interrupted []string
+	for rec, err := range s.Records(ctx, backend.StateInterrupted) {
+		require.NoError(t, err)
+		interrupted = append(interrupted, rec.Key)
+		require.NoError(t, s.Resolve(ctx, rec.Key, receipt{N: 42}, nil))
+	}
+	assert.Equal(t, []string{"k-dead"}, interrupted)
+	v, err := c.run(s, c.bounded(), "k-dead", "p", counting(&calls))
+	require.NoError(t, err)
+	assert.Equal(t, receipt{N: 42}, v)
+	assert.Equal(t, int32(2), calls.Load())
+	for rec, err := range s.Records(ctx, backend.StatePending) {
+		require.NoError(t, err)
+		assert.Equal(t, "m-live", rec.Key, "only the key in flight is pending")
+	}
+}

@@ -36,6 +36,7 @@ var contractTests = []struct {
 	{"OutcomeSurvivesRestart", testOutcomeSurvivesRestart},
 	{"CrashIsOutcomeUnknown", testCrashIsOutcomeUnknown},
 	{"ResolveInterrupted", testResolveInterrupted},
+	{"RecordsListsInterruptedFirst", testRecordsListsInterruptedFirst},
 	{"WaitForOtherStoreEndsWithContext", testWaitForOtherStore},
 }
 

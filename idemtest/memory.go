@@ -2,7 +2,9 @@ package idemtest
 
 import (
 	"context"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -174,3 +176,25 @@ func clone(rec backend.Record) backend.Record {
 	}
 	return rec
 }
+
+// Each calls fn with every record, as stored, in key order.
+func (m *MemoryBackend) Each(ctx context.Context, fn func(backend.Record) error) error {
+	m.mu.Lock()
+	recs := make([]backend.Record, 0, len(m.records))
+	for _, rec := range m.records {
+		recs = append(recs, clone(rec))
+	}
+	m.mu.Unlock()
+	slices.SortFunc(recs, func(a, b backend.Record) int { return strings.Compare(a.Key, b.Key) })
+	for _, rec := range recs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := fn(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var _ backend.Lister = (*MemoryBackend)(nil)

@@ -19,10 +19,7 @@ import (
 )
 
 // A target is the backend a command works on, whatever it is.
-type target interface {
-	backend.Backend
-	Each(ctx context.Context, fn func(backend.Record) error) error
-}
+type target = backend.Lister
 
 // quiet drops go-redis's own log lines (a pool that cannot dial logs each
 // try): the command reports the failure once, naming the address.

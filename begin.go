@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // begin fills t for key: a replay, or the key claimed by t (t.e set). It is
@@ -11,6 +12,25 @@ import (
 // a claimed entry, for an owner that may stop waiting before its
 // execution ends. t must not escape, so that a replay allocates nothing.
 func (s *Store[R]) begin(ctx context.Context, key string, payload any, wantDone, local bool, t *Ticket[R]) error {
+	o := s.opts.Observer
+	if o == nil || ctx == nil {
+		return s.claimKey(ctx, key, payload, wantDone, local, t)
+	}
+	start := time.Now()
+	err := s.claimKey(ctx, key, payload, wantDone, local, t)
+	if err != nil || t.e == nil {
+		s.observe(ctx, key, t, err, start)
+		return err
+	}
+	t.start = start
+	if o.Executing != nil {
+		o.Executing(ctx, +1)
+	}
+	return nil
+}
+
+// claimKey is begin without the Observer.
+func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDone, local bool, t *Ticket[R]) error {
 	if ctx == nil {
 		return errNilContext
 	}
@@ -42,6 +62,7 @@ func (s *Store[R]) begin(ctx context.Context, key string, payload any, wantDone,
 			t.val, t.err = e.val, e.err
 			return nil
 		case claimWait:
+			t.waited = true
 			if err := wait(ctx, e); err != nil {
 				return err
 			}
@@ -56,6 +77,7 @@ func (s *Store[R]) begin(ctx context.Context, key string, payload any, wantDone,
 		}
 		t.e = e
 		if s.opts.Backend == nil || local {
+			t.startSpan()
 			return nil
 		}
 		return s.beginDurable(ctx, t)
@@ -113,10 +135,28 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	final := isFinalOutcome(err)
 	pin := false
 	if t.claim != nil {
+		var endRecord func(error)
+		t.ctx, endRecord = s.span(t.ctx, "idem.record", e.key)
 		val, err, pin = s.finishDurable(t, val, err, final)
+		endRecord(err)
 	}
 	if t.cancel != nil {
 		t.cancel()
+	}
+	if t.endSpan != nil {
+		t.endSpan(err)
+	}
+	if o := s.opts.Observer; o != nil {
+		outcome := OutcomeReleased
+		if final {
+			outcome = OutcomeExecuted
+		}
+		if o.Call != nil {
+			o.Call(t.ctx, e.key, outcome, time.Since(t.start))
+		}
+		if o.Executing != nil {
+			o.Executing(t.ctx, -1)
+		}
 	}
 	e.val, e.err = val, err
 	e.shared = final

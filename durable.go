@@ -19,7 +19,9 @@ import (
 // ctx; the waiters on t's entry then claim again under their own contexts.
 func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 	e := t.e
-	claim, sent, err := s.acquire(ctx, t)
+	cctx, endClaim := s.span(ctx, "idem.claim", e.key)
+	claim, sent, err := s.acquire(cctx, t)
+	endClaim(err)
 	if err == nil && claim.Token != "" {
 		if !s.trusted(sent) {
 			// The claim's reply came too late to trust its lease: another
@@ -28,7 +30,8 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			s.releaseOrLater(context.WithoutCancel(ctx), claim.Key, claim.Token)
 			err = &BackendError{Op: "claim", Err: errors.New("the lease ran out before the work could start")}
 		} else {
-			work, cancelWork := s.workContext(ctx, nil)
+			t.startSpan()
+			work, cancelWork := s.workContext(t.ctx, nil)
 			work, stopRenewing := s.renew(work, claim, sent)
 			t.claim, t.work = &claim, work
 			t.cancel = func() {

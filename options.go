@@ -85,6 +85,11 @@ type Options struct {
 	// returns ErrOutcomeUnknown until Forget clears it.
 	RetryInterrupted bool
 
+	// Observer is told what the store does, for metrics and traces
+	// (package idemotel makes one for OpenTelemetry). Nil means none, at no
+	// cost.
+	Observer *Observer
+
 	// Logger receives what the store cannot return to a caller, such as a
 	// panic recovered inside the background sweeper. Nil means slog.Default().
 	Logger *slog.Logger

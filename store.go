@@ -95,13 +95,13 @@ func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func
 	}
 	if !canLeave {
 		if t.work == nil { // a ctx that cannot end needs no detaching
-			t.work, t.cancel = s.workContext(ctx, nil)
+			t.work, t.cancel = s.workContext(t.ctx, nil)
 		}
 		return t.do(t.work, fn)
 	}
 	e, h := t.e, t.detach()
 	if h.work == nil {
-		h.work, h.cancel = s.workContext(ctx, &h.detached)
+		h.work, h.cancel = s.workContext(h.ctx, &h.detached)
 	}
 	go h.do(h.work, fn)
 	if err := wait(ctx, e); err != nil {
@@ -179,7 +179,15 @@ const backendSweepBatch = 1000
 
 // sweep removes expired outcomes from memory, then from the backend in
 // batches, until none are left or stop returns an error.
-func (s *Store[R]) sweep(ctx context.Context, stop func() error) (int, error) {
+func (s *Store[R]) sweep(ctx context.Context, stop func() error) (n int, err error) {
+	if o := s.opts.Observer; o != nil && o.Sweep != nil {
+		defer func() { o.Sweep(ctx, n, err) }()
+	}
+	return s.sweepAll(ctx, stop)
+}
+
+// sweepAll is sweep without the Observer.
+func (s *Store[R]) sweepAll(ctx context.Context, stop func() error) (int, error) {
 	now := s.opts.Now()
 	n, err := s.table.sweep(now, stop)
 	if err != nil || s.opts.Backend == nil {

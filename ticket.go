@@ -54,6 +54,10 @@ type Ticket[R any] struct {
 	cancel   context.CancelFunc // ends work: its timeout, lease renewals; nil if there is nothing to end
 	detached detached           // ctx without its cancellation, kept here to save an allocation
 
+	waited  bool        // begin waited for an execution in flight; for the Observer
+	start   time.Time   // when an owner's call began; set only with an Observer
+	endSpan func(error) // ends the Observer's "idem.execute" span; nil without one
+
 	finished  bool // set by the first Finish or Release
 	finalizer bool // a finalizer is set: Begin and BeginLocal's tickets
 	val       R    // the replayed outcome, or what Finish returned

@@ -1,0 +1,115 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// An Outcome is how a call with a key ended, as an Observer is told.
+type Outcome uint8
+
+const (
+	OutcomeExecuted     Outcome = iota + 1 // the call ran the work, and its outcome is final
+	OutcomeReleased                        // the call ran the work, which failed before commit: the key is free again
+	OutcomeReplayed                        // answered from a remembered outcome
+	OutcomeCoalesced                       // waited for an execution in flight and got its outcome
+	OutcomeMismatch                        // ErrPayloadMismatch
+	OutcomeInProgress                      // ErrInProgress: the caller stopped waiting
+	OutcomeUnknown                         // ErrOutcomeUnknown: the key is interrupted
+	OutcomeBackendError                    // a *BackendError
+	OutcomeRefused                         // ErrInvalidKey, ErrFull, ErrClosed or another refusal
+)
+
+var outcomeNames = [...]string{"", "executed", "released", "replayed", "coalesced", "mismatch", "in_progress", "outcome_unknown", "backend_error", "refused"}
+
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && o != 0 {
+		return outcomeNames[o]
+	}
+	return "invalid"
+}
+
+// An Observer is told what a Store does, for metrics, traces and logs;
+// package idemotel turns it into OpenTelemetry. Every field may be nil.
+// The functions run on the caller's goroutine, on the request path: they
+// must be fast, safe for concurrent use, and must not call the Store. A
+// Store without one (Options.Observer nil) pays nothing for them.
+type Observer struct {
+	// Call is told how each call with a key (RunOnce, Begin, RunOnceTx)
+	// ended, and how long it took: for a call that ran the work, until
+	// its outcome was settled; for the others, waits included.
+	Call func(ctx context.Context, key string, outcome Outcome, took time.Duration)
+
+	// Executing is told when work under a claim starts (+1) and ends (-1):
+	// the keys in flight in this process.
+	Executing func(ctx context.Context, delta int)
+
+	// Span starts a span around a phase of a call: "idem.claim" (a claim
+	// in the Backend, waits for another process included), "idem.execute"
+	// (the work, whose context is the span's) and "idem.record" (writing
+	// the outcome to the Backend). It returns the context the phase runs
+	// under and a func to end the span with the phase's error.
+	Span func(ctx context.Context, phase, key string) (context.Context, func(error))
+
+	// Sweep is told how many expired outcomes a sweep removed, and its
+	// error.
+	Sweep func(ctx context.Context, removed int, err error)
+}
+
+// observe tells the Observer, if any, how a call that did not run the work
+// ended.
+func (s *Store[R]) observe(ctx context.Context, key string, t *Ticket[R], err error, start time.Time) {
+	o := s.opts.Observer
+	if o == nil || o.Call == nil || (err == nil && t.e != nil) {
+		return
+	}
+	o.Call(ctx, key, outcomeOf(t, err), time.Since(start))
+}
+
+// outcomeOf classifies a call that did not become the key's owner.
+func outcomeOf[R any](t *Ticket[R], err error) Outcome {
+	switch {
+	case err == nil && t.waited:
+		return OutcomeCoalesced
+	case err == nil:
+		return OutcomeReplayed
+	case errors.Is(err, ErrPayloadMismatch):
+		return OutcomeMismatch
+	case errors.Is(err, ErrOutcomeUnknown):
+		return OutcomeUnknown
+	case errors.Is(err, ErrInProgress):
+		return OutcomeInProgress
+	case t.waited:
+		return OutcomeCoalesced // the shared execution's failure
+	case isBackendError(err):
+		return OutcomeBackendError
+	}
+	return OutcomeRefused
+}
+
+// isBackendError is apart so that its errors.As target is allocated only
+// for an error, never for a replay.
+func isBackendError(err error) bool {
+	var be *BackendError
+	return errors.As(err, &be)
+}
+
+// span starts a span for phase if the Observer wants them; end is never
+// nil.
+func (s *Store[R]) span(ctx context.Context, phase, key string) (context.Context, func(error)) {
+	if o := s.opts.Observer; o != nil && o.Span != nil {
+		return o.Span(ctx, phase, key)
+	}
+	return ctx, noEnd
+}
+
+func noEnd(error) {}
+
+// startSpan starts the Observer's "idem.execute" span for an owner, whose
+// work then runs under the span's context.
+func (t *Ticket[R]) startSpan() {
+	if o := t.s.opts.Observer; o != nil && o.Span != nil {
+		t.ctx, t.endSpan = o.Span(t.ctx, "idem.execute", t.e.key)
+	}
+}

@@ -23,9 +23,7 @@ func (s *Store[R]) begin(ctx context.Context, key string, payload any, wantDone,
 		return err
 	}
 	t.start = start
-	if o.Executing != nil {
-		o.Executing(ctx, +1)
-	}
+	s.executing(ctx, +1)
 	return nil
 }
 
@@ -143,21 +141,6 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	if t.cancel != nil {
 		t.cancel()
 	}
-	if t.endSpan != nil {
-		t.endSpan(err)
-	}
-	if o := s.opts.Observer; o != nil {
-		outcome := OutcomeReleased
-		if final {
-			outcome = OutcomeExecuted
-		}
-		if o.Call != nil {
-			o.Call(t.ctx, e.key, outcome, time.Since(t.start))
-		}
-		if o.Executing != nil {
-			o.Executing(t.ctx, -1)
-		}
-	}
 	e.val, e.err = val, err
 	e.shared = final
 	switch {
@@ -168,7 +151,37 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	default: // the backend remembers a final outcome; memory keeps in-flight keys only
 		s.table.release(e)
 	}
+	// The Observer last, once the key is settled for everyone.
+	if t.endSpan != nil {
+		t.endSpan(err)
+	}
+	if s.opts.Observer != nil {
+		s.callObserver(t.ctx, e.key, t.ownerOutcome(final, err), time.Since(t.start))
+		s.executing(t.ctx, -1)
+	}
 	return val, err
+}
+
+// ownerOutcome is how the call that owned the key ended: a replay that a
+// transactional mode found (FinishReplayed), a final outcome, or else, as
+// the error says, a refusal found in a transaction or a failure before
+// commit.
+func (t *Ticket[R]) ownerOutcome(final bool, err error) Outcome {
+	switch {
+	case t.replayed:
+		return OutcomeReplayed
+	case final:
+		return OutcomeExecuted
+	case errors.Is(err, ErrPayloadMismatch):
+		return OutcomeMismatch
+	case errors.Is(err, ErrOutcomeUnknown):
+		return OutcomeUnknown
+	case errors.Is(err, ErrInProgress):
+		return OutcomeInProgress
+	case isBackendError(err):
+		return OutcomeBackendError
+	}
+	return OutcomeReleased
 }
 
 // isFinalOutcome reports whether the work's error ends the operation for

@@ -64,7 +64,31 @@ func (s *Store[R]) observe(ctx context.Context, key string, t *Ticket[R], err er
 	if o == nil || o.Call == nil || (err == nil && t.e != nil) {
 		return
 	}
-	o.Call(ctx, key, outcomeOf(t, err), time.Since(start))
+	s.callObserver(ctx, key, outcomeOf(t, err), time.Since(start))
+}
+
+// The Observer's functions are the user's code, run on the request path
+// and on RunOnce's own goroutine: a panic in one is logged and dropped, so
+// that it can neither strand a key nor crash the process.
+
+func (s *Store[R]) callObserver(ctx context.Context, key string, outcome Outcome, took time.Duration) {
+	if o := s.opts.Observer; o != nil && o.Call != nil {
+		defer s.recoverObserver("Call")
+		o.Call(ctx, key, outcome, took)
+	}
+}
+
+func (s *Store[R]) executing(ctx context.Context, delta int) {
+	if o := s.opts.Observer; o != nil && o.Executing != nil {
+		defer s.recoverObserver("Executing")
+		o.Executing(ctx, delta)
+	}
+}
+
+func (s *Store[R]) recoverObserver(fn string) {
+	if v := recover(); v != nil {
+		s.opts.Logger.Error("idem: the Observer's "+fn+" panicked; ignored", "panic", v)
+	}
 }
 
 // outcomeOf classifies a call that did not become the key's owner.
@@ -96,12 +120,26 @@ func isBackendError(err error) bool {
 }
 
 // span starts a span for phase if the Observer wants them; end is never
-// nil.
-func (s *Store[R]) span(ctx context.Context, phase, key string) (context.Context, func(error)) {
-	if o := s.opts.Observer; o != nil && o.Span != nil {
-		return o.Span(ctx, phase, key)
+// nil, and neither it nor the start lets a panic through.
+func (s *Store[R]) span(ctx context.Context, phase, key string) (_ context.Context, end func(error)) {
+	o := s.opts.Observer
+	if o == nil || o.Span == nil {
+		return ctx, noEnd
 	}
-	return ctx, noEnd
+	defer func() {
+		if v := recover(); v != nil {
+			s.opts.Logger.Error("idem: the Observer's Span panicked; ignored", "panic", v)
+			end = noEnd
+		}
+	}()
+	sctx, sEnd := o.Span(ctx, phase, key)
+	if sctx == nil || sEnd == nil {
+		return ctx, noEnd
+	}
+	return sctx, func(err error) {
+		defer s.recoverObserver("Span's end")
+		sEnd(err)
+	}
 }
 
 func noEnd(error) {}
@@ -110,6 +148,6 @@ func noEnd(error) {}
 // work then runs under the span's context.
 func (t *Ticket[R]) startSpan() {
 	if o := t.s.opts.Observer; o != nil && o.Span != nil {
-		t.ctx, t.endSpan = o.Span(t.ctx, "idem.execute", t.e.key)
+		t.ctx, t.endSpan = t.s.span(t.ctx, "idem.execute", t.e.key)
 	}
 }

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -32,11 +33,21 @@ func (s *Store[R]) complete(ctx context.Context, done backend.Record) error {
 		switch {
 		case !found || rec.Token != done.Token:
 			return true, backend.ErrNotOwner
+		case rec.State == backend.StateCompleted && sameOutcome(rec, done):
+			return true, nil // an earlier try landed
 		case rec.State == backend.StateCompleted:
-			return true, nil
+			// Completed under this token with another outcome: the claim's
+			// owner and an operator's Resolve share the token, so this is
+			// the other's write, not ours.
+			return true, backend.ErrNotOwner
 		}
 		return false, nil
 	}, done.Key)
+}
+
+// sameOutcome reports whether two records hold the same outcome.
+func sameOutcome(a, b backend.Record) bool {
+	return a.Failed == b.Failed && a.ErrMsg == b.ErrMsg && bytes.Equal(a.Value, b.Value)
 }
 
 // release deletes the claim held by token, settling a failed try as

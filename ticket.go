@@ -54,9 +54,10 @@ type Ticket[R any] struct {
 	cancel   context.CancelFunc // ends work: its timeout, lease renewals; nil if there is nothing to end
 	detached detached           // ctx without its cancellation, kept here to save an allocation
 
-	waited  bool        // begin waited for an execution in flight; for the Observer
-	start   time.Time   // when an owner's call began; set only with an Observer
-	endSpan func(error) // ends the Observer's "idem.execute" span; nil without one
+	waited   bool        // begin waited for an execution in flight; for the Observer
+	replayed bool        // FinishReplayed: the owner found the outcome recorded; for the Observer
+	start    time.Time   // when an owner's call began; set only with an Observer
+	endSpan  func(error) // ends the Observer's "idem.execute" span; nil without one
 
 	finished  bool // set by the first Finish or Release
 	finalizer bool // a finalizer is set: Begin and BeginLocal's tickets
@@ -194,6 +195,18 @@ func (t *Ticket[R]) dropFinalizer() {
 		t.finalizer = false
 		runtime.SetFinalizer(t, nil)
 	}
+}
+
+// FinishReplayed is Finish for a ticket from BeginLocal whose caller found
+// the key's outcome already recorded in its own transaction (another
+// process committed it): the duplicates waiting here get it, and the
+// Observer counts the call as a replay rather than an execution. It is
+// for transactional modes such as postgres.RunOnceTx.
+func (t *Ticket[R]) FinishReplayed(val R, err error) (R, error) {
+	if t.e != nil && !t.finished {
+		t.replayed = true
+	}
+	return t.Finish(val, err)
 }
 
 // Release releases the key of a ticket that was not finished, so the next

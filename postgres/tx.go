@@ -59,19 +59,24 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		return zero, err
 	}
 	return t.Do(func(ctx context.Context) (R, error) {
-		return runOnceTx(ctx, store, b, key, fp, fn)
+		val, err, replayed := runOnceTx(ctx, store, b, key, fp, fn)
+		if replayed { // another process committed it: a replay, not an execution
+			return t.FinishReplayed(val, err)
+		}
+		return val, err
 	})
 }
 
 // runOnceTx claims key in a transaction of its own and, if it won the
-// claim, runs fn in it; otherwise it answers from the record that stands.
-func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, pgx.Tx) (R, error)) (R, error) {
+// claim, runs fn in it; otherwise it answers from the record that stands
+// (replayed, for a recorded outcome).
+func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, pgx.Tx) (R, error)) (_ R, _ error, replayed bool) {
 	var zero R
 	// Read committed, whatever the server's default: a duplicate must see
 	// the row the first transaction committed once it stops waiting on it.
 	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
-		return zero, &idem.BackendError{Op: "claim", Err: err}
+		return zero, &idem.BackendError{Op: "claim", Err: err}, false
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
 
@@ -82,19 +87,21 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	rec, won, err := claimTx(ctx, tx, b, key, args)
 	switch {
 	case err != nil:
-		return zero, &idem.BackendError{Op: "claim", Err: err}
+		return zero, &idem.BackendError{Op: "claim", Err: err}, false
 	case won:
-		return runTx(ctx, store, b, tx, claim, fn)
+		val, err := runTx(ctx, store, b, tx, claim, fn)
+		return val, err, false
 	}
 	switch {
 	case rec.Fingerprint != fp:
-		return zero, idem.ErrPayloadMismatch
+		return zero, idem.ErrPayloadMismatch, false
 	case rec.State == backend.StateCompleted:
-		return store.Decode(rec)
+		val, err := store.Decode(rec)
+		return val, err, true
 	case rec.State == backend.StatePending:
-		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress)
+		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress), false
 	}
-	return zero, idem.ErrOutcomeUnknown
+	return zero, idem.ErrOutcomeUnknown, false
 }
 
 // testHookBeforeTakeover, if set, runs between finding an expired record and

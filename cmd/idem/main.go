@@ -40,7 +40,8 @@ usage:
   idem help                                 this text
 
 WHERE is a bolt file, a postgres:// DSN or a redis:// URL. Flags may come
-before or after the command and its arguments:
+before or after the command and its arguments; after -- every argument is
+taken as it is (for a key that starts with "-"):
   -name NAME    the PostgreSQL table or Redis key prefix, if not the default
                 (idem_keys; no prefix)
   -scope S      KEY is an Idempotency-Key that idemhttp stored for the client
@@ -94,7 +95,8 @@ func run(args []string, stdout, stderr io.Writer, now time.Time) int {
 	errMsg := flags.String("error", "", "")
 	ttl := flags.Duration("ttl", 24*time.Hour, "")
 
-	// Flags may come anywhere: parse, take one argument, parse again.
+	// Flags may come anywhere: parse, take one argument, parse again. After
+	// "--" every argument is positional, such as a key that starts with "-".
 	var pos []string
 	for {
 		if err := flags.Parse(args); err != nil {
@@ -104,11 +106,16 @@ func run(args []string, stdout, stderr io.Writer, now time.Time) int {
 			}
 			return misuse(stderr, "", err.Error())
 		}
-		if flags.NArg() == 0 {
+		rest := flags.Args()
+		if len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			pos = append(pos, rest...)
 			break
 		}
-		pos = append(pos, flags.Arg(0))
-		args = flags.Args()[1:]
+		if len(rest) == 0 {
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
 	if len(pos) == 0 {
 		return misuse(stderr, "", "no command given")

@@ -88,7 +88,7 @@ func TestShowForgetSweep(t *testing.T) {
 	code, out, _ = runCmd("show", path, "order-103")
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "idem forget "+path+" order-103\n", "the next command names the real target")
-	assert.Contains(t, out, "idem resolve "+path+" order-103 -result JSON")
+	assert.Contains(t, out, "idem resolve "+path+" -result JSON order-103")
 
 	code, out, errs = runCmd("forget", path, "order-103")
 	require.Equal(t, 0, code, errs)

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,8 +36,8 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 	switch {
 	case strings.HasPrefix(where, "postgres://"), strings.HasPrefix(where, "postgresql://"):
 		cfg, err := pgxpool.ParseConfig(where)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", display(where), err)
+		if err != nil { // pgx's message quotes the DSN, password and all
+			return nil, nil, fmt.Errorf("%s: not a DSN pgx can parse", display(where))
 		}
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
@@ -56,10 +57,14 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 	case strings.HasPrefix(where, "redis://"), strings.HasPrefix(where, "rediss://"):
 		opts, err := goredis.ParseURL(where)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", display(where), err)
+			return nil, nil, fmt.Errorf("%s: not a Redis URL: %w", display(where), err)
 		}
 		goredis.SetLogger(quiet{})
-		opts.MaxRetries = -1 // one try per call: the command bounds its own time
+		opts.MaxRetries = -1              // one try per call: the command bounds its own time
+		opts.ContextTimeoutEnabled = true // and go-redis heeds ctx's deadline only when told
+		if deadline, ok := ctx.Deadline(); ok {
+			opts.DialTimeout = min(opts.DialTimeout, time.Until(deadline))
+		}
 		rdb := goredis.NewClient(opts)
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			rdb.Close()
@@ -84,12 +89,23 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 	return b, func() { b.Close() }, nil
 }
 
-// display returns where as it may be shown: a URL's password is redacted.
+// display returns where as it may be shown: a URL's password, in its user
+// part or as a password parameter, is redacted, and a URL that does not
+// parse is not shown at all, since it may hold one.
 func display(where string) string {
-	if u, err := url.Parse(where); err == nil && u.Scheme != "" && u.User != nil {
-		return u.Redacted()
+	scheme, _, isURL := strings.Cut(where, "://")
+	if !isURL {
+		return where // a file
 	}
-	return where
+	u, err := url.Parse(where)
+	if err != nil {
+		return scheme + "://(a URL that does not parse)"
+	}
+	if q := u.Query(); q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
 }
 
 // explain adds the next step to errors an operator can act on.

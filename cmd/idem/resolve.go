@@ -44,7 +44,9 @@ func (t *tool) resolve(ctx context.Context, key string, r *resolution) error {
 		return err
 	case rec.State == backend.StateCompleted:
 		return fmt.Errorf("key %q already has an outcome; nothing to resolve (see it with: %s)", key, t.next("show", key))
-	case rec.State == backend.StatePending && !rec.Lapsed(t.now):
+	case rec.State != backend.StateInterrupted:
+		// Only the backend's own judgement counts: a shared backend's
+		// clock decides whether the lease lapsed, not this host's.
 		return t.inFlight(ctx, rec)
 	}
 	done := rec

@@ -28,13 +28,17 @@ type tool struct {
 // next returns the command line of another command on the same target.
 func (t *tool) next(cmd, key string, more ...string) string {
 	parts := []string{"idem", cmd, shellQuote(display(t.where))}
-	if key != "" {
-		parts = append(parts, shellQuote(key))
-	}
 	if t.name != "" {
 		parts = append(parts, "-name", shellQuote(t.name))
 	}
-	return strings.Join(append(parts, more...), " ")
+	parts = append(parts, more...)
+	switch {
+	case strings.HasPrefix(key, "-"): // after "--", so it is not taken for a flag
+		parts = append(parts, "--", shellQuote(key))
+	case key != "":
+		parts = append(parts, shellQuote(key))
+	}
+	return strings.Join(parts, " ")
 }
 
 // view is a record as the commands print it.

@@ -71,7 +71,7 @@ func TestHostileSuggestedCommandsRun(t *testing.T) {
 				}
 			}
 			words := shellWords(t, forget)
-			code, out, errs = rvRun(words[1:]...)
+			code, _, errs = rvRun(words[1:]...)
 			if code != 0 {
 				t.Errorf("suggested %s -> exit %d: %s", forget, code, firstLine(errs))
 			}

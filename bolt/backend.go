@@ -96,6 +96,12 @@ func Open(path string, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !o.SkipCheck {
+		if err := Check(db); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("bolt: %s: %w", path, err)
+		}
+	}
 	n, err := initialize(db)
 	if err != nil {
 		db.Close()
@@ -159,6 +165,12 @@ func openReadOnly(path string, o Options) (*Backend, error) {
 	db, err := openDB(path, o)
 	if err != nil {
 		return nil, err
+	}
+	if !o.SkipCheck {
+		if err := Check(db); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("bolt: %s: %w", path, err)
+		}
 	}
 	err = view(db, func(tx *bbolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
@@ -496,6 +508,9 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 		n = len(due)
 		return nil
 	})
+	if errors.Is(err, ErrCorrupt) {
+		return 0, err // the transaction was rolled back: nothing was deleted
+	}
 	return n, err
 }
 
@@ -537,8 +552,11 @@ func expiryTime(k []byte) time.Time {
 
 func decode(key, v []byte) (backend.Record, error) {
 	var rec backend.Record
-	if v == nil {
+	switch {
+	case v == nil:
 		return rec, fmt.Errorf("%w: no record for %q", ErrCorrupt, key)
+	case len(v) > MaxRecordSize:
+		return rec, fmt.Errorf("%w: record %q claims %d bytes, more than %d", ErrCorrupt, key, len(v), MaxRecordSize)
 	}
 	if err := rec.UnmarshalBinary(v); err != nil {
 		return rec, fmt.Errorf("%w: record %q: %w", ErrCorrupt, key, err)

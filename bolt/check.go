@@ -8,6 +8,8 @@ import (
 	"io"
 	"io/fs"
 	"os"
+
+	"go.etcd.io/bbolt"
 )
 
 // bbolt's on-disk constants (go.etcd.io/bbolt/internal/common).
@@ -126,4 +128,39 @@ func readMetaAt(r io.ReaderAt, off int64) (meta, error) {
 		return meta{}, fmt.Errorf("implausible page size %d", m.pageSize)
 	}
 	return m, nil
+}
+
+// MaxRecordSize bounds a record in the file: a record claiming more is
+// damage, refused with ErrCorrupt before it is read, since a corrupt size
+// could otherwise make a read allocate gigabytes, or a write copy them
+// back and grow the file without bound.
+const MaxRecordSize = 64 << 20
+
+// Check verifies an open bbolt database as Open does unless
+// Options.SkipCheck: bbolt's consistency check of every page, then every
+// idem record's size. It returns an error matching ErrCorrupt for damage.
+// It reads the whole file. A record whose bytes do not decode is not the
+// file's damage but the key's: using the key reports ErrCorrupt, and Forget
+// clears it.
+func Check(db *bbolt.DB) error {
+	return view(db, func(tx *bbolt.Tx) error {
+		for err := range tx.Check() {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		records := tx.Bucket(bucketRecords)
+		if records == nil {
+			return nil // a new file, or not idem's: Open says which
+		}
+		limit := min(int64(MaxRecordSize), tx.Size())
+		c := records.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if int64(len(k))+int64(len(v)) > limit {
+				return fmt.Errorf("%w: record %q claims %d bytes in a file of %d", ErrCorrupt, k, len(v), tx.Size())
+			}
+			if v == nil {
+				return fmt.Errorf("%w: %q in the records bucket is a bucket", ErrCorrupt, k)
+			}
+		}
+		return nil
+	})
 }

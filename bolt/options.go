@@ -30,6 +30,15 @@ type Options struct {
 	// file for reading and writing.
 	ReadOnly bool
 
+	// SkipCheck skips the check of the file's structure at Open: bbolt's
+	// consistency check of every page, and a read of every record's size.
+	// The check reads the whole file (about a second per few hundred MB),
+	// and it is what turns a damaged file into ErrCorrupt at Open rather
+	// than a hang, a crash or a file that grows without bound on first
+	// write. False checks; set it only for files too large to read at
+	// every start, and run "idem check FILE" on them instead.
+	SkipCheck bool
+
 	// noSync skips fsync: for tests that measure memory, not durability.
 	noSync bool
 }

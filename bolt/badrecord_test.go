@@ -98,3 +98,27 @@ func TestDamagedValueSizeIsCorrupt(t *testing.T) {
 		})
 	}
 }
+
+// A page that claims another page's id fails bbolt's own assertion: Open
+// reports ErrCorrupt, on its own goroutine, rather than crash the process
+// (bbolt's tx.Check would panic on a goroutine of its own).
+func TestPageWithAWrongIDIsCorrupt(t *testing.T) {
+	path := recordsFile(t)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	pageSize := os.Getpagesize()
+	damaged := false
+	for off := 2 * pageSize; off+pageHeaderSize <= len(data); off += pageSize {
+		if binary.LittleEndian.Uint16(data[off+8:]) == 0x02 { // a leaf page
+			binary.LittleEndian.PutUint64(data[off:], 0xdeadbeef)
+			damaged = true
+			break
+		}
+	}
+	require.True(t, damaged)
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+	_, err = Open(path, nil)
+	assert.ErrorIs(t, err, ErrCorrupt)
+	_, err = Open(path, &Options{ReadOnly: true})
+	assert.ErrorIs(t, err, ErrCorrupt)
+}

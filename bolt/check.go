@@ -137,15 +137,21 @@ func readMetaAt(r io.ReaderAt, off int64) (meta, error) {
 const MaxRecordSize = 64 << 20
 
 // Check verifies an open bbolt database as Open does unless
-// Options.SkipCheck: bbolt's consistency check of every page, then every
-// idem record's size. It returns an error matching ErrCorrupt for damage.
+// Options.SkipCheck: it reads every page of every bucket, then checks
+// every idem record's size. It returns an error matching ErrCorrupt for damage.
 // It reads the whole file. A record whose bytes do not decode is not the
 // file's damage but the key's: using the key reports ErrCorrupt, and Forget
 // clears it.
 func Check(db *bbolt.DB) error {
 	return view(db, func(tx *bbolt.Tx) error {
-		for err := range tx.Check() {
-			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		// Every page of every bucket, walked here rather than with
+		// tx.Check, whose goroutine would let a page's failed assertion
+		// crash the process: on this goroutine, view turns it into
+		// ErrCorrupt.
+		if err := tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
+			return walk(b, tx.Size())
+		}); err != nil {
+			return err
 		}
 		records := tx.Bucket(bucketRecords)
 		if records == nil {
@@ -163,4 +169,23 @@ func Check(db *bbolt.DB) error {
 		}
 		return nil
 	})
+}
+
+// walk reads every key and value of b and of the buckets nested in it,
+// refusing any that claims more bytes than the file holds.
+func walk(b *bbolt.Bucket, size int64) error {
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if int64(len(k))+int64(len(v)) > size {
+			return fmt.Errorf("%w: key %q claims %d bytes in a file of %d", ErrCorrupt, k, len(k)+len(v), size)
+		}
+		if v == nil {
+			if nested := b.Bucket(k); nested != nil {
+				if err := walk(nested, size); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -30,8 +30,8 @@ type Options struct {
 	// file for reading and writing.
 	ReadOnly bool
 
-	// SkipCheck skips the check of the file's structure at Open: bbolt's
-	// consistency check of every page, and a read of every record's size.
+	// SkipCheck skips the check of the file's structure at Open: a read of
+	// every page of every bucket, and of every record's size.
 	// The check reads the whole file (about a second per few hundred MB),
 	// and it is what turns a damaged file into ErrCorrupt at Open rather
 	// than a hang, a crash or a file that grows without bound on first

@@ -14,6 +14,7 @@ import (
 	"github.com/seed094d4201/idem/idemhttp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 )
 
 func TestHelpIsOnStdoutAndExitsZero(t *testing.T) {
@@ -147,4 +148,24 @@ func TestNetworkCallsAreBounded(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "cannot reach Redis at "+addr)
 	assert.NotContains(t, out+errs, "connection pool")
+}
+
+// check reports a sound file, and a damaged one with exit 1.
+func TestCheck(t *testing.T) {
+	path := fixture(t)
+	code, out, errs := runCmd("check", path)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, "no damage found")
+	assert.Contains(t, out, "4 record(s)")
+
+	db, err := bbolt.Open(path, 0o600, nil) // a record whose bytes are not a record
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket([]byte("idem.records")).Put([]byte("order-104"), []byte("garbage"))
+	}))
+	require.NoError(t, db.Close())
+	code, _, errs = runCmd("check", path)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "corrupt")
+	assert.Contains(t, errs, "order-104")
 }

@@ -37,6 +37,8 @@ usage:
                                             settle an interrupted key whose operation
                                             did happen: later calls replay this outcome
   idem sweep WHERE                          delete the expired records
+  idem check WHERE                          look for damage: a bolt file's structure,
+                                            and every record
   idem help                                 this text
 
 WHERE is a bolt file, a postgres:// DSN or a redis:// URL. Flags may come
@@ -49,7 +51,7 @@ taken as it is (for a key that starts with "-"):
   -state S      inspect only the keys in state S: pending, interrupted, completed
   -json         inspect and show print JSON
   -timeout D    bound on the whole command, network calls included (default 30s)
-inspect and show never write: a bolt file is opened read-only.
+inspect, show and check never write: a bolt file is opened read-only.
 
 exit status: 0 done, 1 failed, 2 misused, 3 no such key
 `
@@ -79,7 +81,7 @@ type settings struct {
 
 // commands gives each command the number of positional arguments it takes
 // after its name.
-var commands = map[string]int{"inspect": 1, "show": 2, "forget": 2, "resolve": 2, "sweep": 1, "help": 0}
+var commands = map[string]int{"inspect": 1, "show": 2, "forget": 2, "resolve": 2, "sweep": 1, "check": 1, "help": 0}
 
 // run carries out one command and returns the process's exit code.
 func run(args []string, stdout, stderr io.Writer, now time.Time) int {
@@ -188,7 +190,7 @@ func misuse(stderr io.Writer, cmd, reason string) int {
 }
 
 func command(ctx context.Context, cmd, where, key string, set settings, w io.Writer, now time.Time) error {
-	readOnly := cmd == "inspect" || cmd == "show"
+	readOnly := cmd == "inspect" || cmd == "show" || cmd == "check"
 	b, closeTarget, err := openTarget(ctx, where, set.name, readOnly, w)
 	if err != nil {
 		return err
@@ -204,6 +206,8 @@ func command(ctx context.Context, cmd, where, key string, set settings, w io.Wri
 		err = t.forget(ctx, key)
 	case "resolve":
 		err = t.resolve(ctx, key, set.outcome)
+	case "check":
+		err = t.check(ctx)
 	default:
 		err = t.sweep(ctx)
 	}

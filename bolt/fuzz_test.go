@@ -1,0 +1,90 @@
+package bolt
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem/backend"
+)
+
+// FuzzOpen feeds damaged database files to Open and, if it accepts one, to
+// every operation: none may panic, hang, or grow the file past a bound.
+// .ci/run runs it for a few seconds; seeds are a sound file and damaged
+// copies of it.
+func FuzzOpen(f *testing.F) {
+	seed := filepath.Join(f.TempDir(), "seed.db")
+	b, err := Open(seed, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, key := range []string{"a", "b", "c"} {
+		rec := backend.Record{Key: key, Token: "t", State: backend.StatePending}
+		if _, _, err := b.Claim(ctx, rec, time.Now(), 0); err != nil {
+			f.Fatal(err)
+		}
+		rec.Value = []byte(`{"charge":1}`)
+		if err := b.Complete(ctx, rec, time.Now(), time.Millisecond); err != nil {
+			f.Fatal(err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		f.Fatal(err)
+	}
+	data, err := os.ReadFile(seed)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	for _, at := range []int{16, 4096 + 16, 2*4096 + 10, 3*4096 + 28, 4*4096 + 100} {
+		if at < len(data) {
+			d := append([]byte(nil), data...)
+			d[at] ^= 0x7f
+			f.Add(d)
+		}
+	}
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		path := filepath.Join(t.TempDir(), "fuzz.db")
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			b, err := Open(path, &Options{LockTimeout: -1, noSync: true})
+			if err != nil {
+				return
+			}
+			defer b.Close()
+			ctx := context.Background()
+			now := time.Now()
+			for _, key := range []string{"a", "b", "c", "new"} {
+				if rec, ok, err := b.Get(ctx, key, now); err == nil && ok {
+					_ = b.Release(ctx, key, rec.Token)
+				}
+				rec := backend.Record{Key: key, Token: "fuzz", State: backend.StatePending}
+				if _, claimed, err := b.Claim(ctx, rec, now, time.Minute); err == nil && claimed {
+					rec.Value = []byte("1")
+					_ = b.Complete(ctx, rec, now, time.Hour)
+				}
+			}
+			_, _ = b.Sweep(ctx, now.Add(time.Hour), 100)
+			_ = b.Each(ctx, func(backend.Record) error { return nil })
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a damaged file hung the backend")
+		}
+		// bbolt grows a file in steps, doubling up to 1 GB at a time; a
+		// few small writes may take it one step. Runaway growth (3.2 GB
+		// once, from one damaged byte) is what must not happen.
+		if fi, err := os.Stat(path); err == nil && fi.Size() > int64(len(data))+64<<20 {
+			t.Fatalf("a damaged file of %d bytes grew to %d", len(data), fi.Size())
+		}
+	})
+}

@@ -91,10 +91,16 @@ type Options struct {
 	WriteError func(w http.ResponseWriter, r *http.Request, p Problem)
 
 	// Logger receives what cannot be told to the client: a handler panic, an
-	// outcome the backend failed to record. Refusals a client can cause at
-	// will (a full store, a key in flight) are logged at Debug at most, so
-	// that no client can flood the log. Nil means slog.Default().
+	// outcome the backend failed to record. Each line carries the request's
+	// Idempotency-Key (key) and scope. Refusals a client can cause at will
+	// (a full store, a key in flight, no credentials for the scope) are
+	// logged at Debug at most, so that no client can flood the log. Nil
+	// means slog.Default().
 	Logger *slog.Logger
+
+	// HashKeysInLogs logs the SHA-256 of each Idempotency-Key (key_sha256)
+	// instead of the key, for keys that carry personal data.
+	HashKeysInLogs bool
 }
 
 const (
@@ -259,11 +265,11 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	defer cancel()
 	t, err := g.store.Begin(bctx, storeKey, fp[:])
 	if err != nil {
-		g.answer(w, req, next, Response{}, err)
+		g.answer(w, req, next, Response{}, err, logKey{g, scope, key})
 		return
 	}
 	if resp, err, ok := t.Replayed(); ok {
-		g.answer(w, req, next, resp, err)
+		g.answer(w, req, next, resp, err, logKey{g, scope, key})
 		return
 	}
 	before := w.Header().Clone() // to undo what a handler that panics set
@@ -276,12 +282,12 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 		return resp, nil
 	})
-	g.afterRun(w, req, before, rec.resp.Status != 0, err)
+	g.afterRun(w, req, before, rec.resp.Status != 0, err, logKey{g, scope, key})
 }
 
 // afterRun finishes a request whose handler ran here and has written its
 // response, or started to (written).
-func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Header, written bool, err error) {
+func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Header, written bool, err error, lk logKey) {
 	var pe *idem.PanicError
 	var nr *idem.NotRecordedError
 	switch {
@@ -290,7 +296,7 @@ func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Hea
 		if errors.Is(pe, http.ErrAbortHandler) {
 			panic(http.ErrAbortHandler) // the handler asked to abort the response
 		}
-		g.opts.Logger.Error("idemhttp: handler panicked; its key is released", "panic", pe.Value, "stack", string(pe.Stack))
+		g.opts.Logger.Error("idemhttp: handler panicked; its key is released", lk.with("panic", pe.Value, "stack", string(pe.Stack))...)
 		if written {
 			// Part of a response is out: abort it, as net/http would, so
 			// the client does not take it for a whole one.
@@ -305,17 +311,17 @@ func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Hea
 		}
 		g.fail(w, r, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0, err)
 	case errors.As(err, &nr):
-		g.opts.Logger.Error("idemhttp: response delivered but not yet recorded; retries replay it from memory while the store goes on recording it", "err", err)
+		g.opts.Logger.Error("idemhttp: response delivered but not yet recorded; retries replay it from memory while the store goes on recording it", lk.with("err", err)...)
 	default:
 		if _, plain := err.(*notStored); !plain { // a release that failed too
-			g.opts.Logger.Error("idemhttp: releasing the key of an unremembered response", "err", err)
+			g.opts.Logger.Error("idemhttp: releasing the key of an unremembered response", lk.with("err", err)...)
 		}
 	}
 }
 
 // answer responds to a request whose handler did not run here: a replay, or
 // why there is none.
-func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error) {
+func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error, lk logKey) {
 	var ns *notStored
 	var pe *idem.PanicError
 	var nr *idem.NotRecordedError
@@ -343,13 +349,13 @@ func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 		g.fail(w, req, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0, err)
 	case errors.Is(err, idem.ErrFull):
 		// A client can cause this at will: Debug, never a log flood.
-		g.opts.Logger.Debug("idemhttp: store full; request refused", "err", err)
+		g.opts.Logger.Debug("idemhttp: store full; request refused", lk.with("err", err)...)
 		g.fail(w, req, http.StatusServiceUnavailable, "The server holds as many requests in flight as it can track; retry later with the same key.", g.opts.RetryAfter, err)
 	case g.opts.FailOpen && isClaimFailure(err):
-		g.opts.Logger.Warn("idemhttp: store unavailable; running the handler unguarded (FailOpen)", "err", err)
+		g.opts.Logger.Warn("idemhttp: store unavailable; running the handler unguarded (FailOpen)", lk.with("err", err)...)
 		next.ServeHTTP(w, req)
 	default:
-		g.opts.Logger.Error("idemhttp: store unavailable", "err", err)
+		g.opts.Logger.Error("idemhttp: store unavailable", lk.with("err", err)...)
 		g.fail(w, req, http.StatusServiceUnavailable, "Idempotency keys cannot be checked right now; retry with the same key.", g.opts.RetryAfter, err)
 	}
 }
@@ -386,4 +392,25 @@ func StoreKey(scope, key string) string {
 	}
 	sum := sha256.Sum256([]byte(k))
 	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// logKey is what a log line says of the request it is about: its key (or
+// the key's hash, with Options.HashKeysInLogs) and scope. It is built only
+// when a line is logged.
+type logKey struct {
+	g          *Guard
+	scope, key string
+}
+
+// with returns the request's attributes followed by more.
+func (lk logKey) with(more ...any) []any {
+	attrs := make([]any, 0, 4+len(more))
+	if lk.g.opts.HashKeysInLogs {
+		sum := sha256.Sum256([]byte(lk.key))
+		attrs = append(attrs, "key_sha256", hex.EncodeToString(sum[:]))
+	} else {
+		attrs = append(attrs, "key", lk.key)
+	}
+	attrs = append(attrs, "scope", lk.scope)
+	return append(attrs, more...)
 }

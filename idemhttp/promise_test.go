@@ -284,3 +284,47 @@ func TestWriteErrorAnswersInTheServicesFormat(t *testing.T) {
 	assert.ErrorIs(t, got[0].Err, idem.ErrPayloadMismatch, "the writer gets the cause")
 	assert.Equal(t, http.StatusBadRequest, got[1].Status)
 }
+
+// recordLog keeps every log record's attributes.
+type recordLog struct {
+	mu    sync.Mutex
+	attrs []map[string]string
+}
+
+func (l *recordLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *recordLog) Handle(_ context.Context, r slog.Record) error {
+	m := map[string]string{}
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	l.mu.Lock()
+	l.attrs = append(l.attrs, m)
+	l.mu.Unlock()
+	return nil
+}
+func (l *recordLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *recordLog) WithGroup(string) slog.Handler      { return l }
+
+// Log lines name the request's key, or its hash, and its scope.
+func TestLogLinesCarryKeyAndScope(t *testing.T) {
+	panicky := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("handler bug") })
+	for _, hash := range []bool{false, true} {
+		log := &recordLog{}
+		opts := idemhttp.Options{
+			Logger:         slog.New(log),
+			HashKeysInLogs: hash,
+			Scope:          func(r *http.Request) (string, error) { return "acct-alice", nil },
+		}
+		srv := serve(t, panicky, opts)
+		post(t, srv.Client(), srv.URL, "order-101", "{}")
+		log.mu.Lock()
+		require.NotEmpty(t, log.attrs)
+		line := log.attrs[0]
+		log.mu.Unlock()
+		assert.Equal(t, "acct-alice", line["scope"])
+		if hash {
+			assert.Empty(t, line["key"], "the key itself is not logged")
+			assert.Len(t, line["key_sha256"], 64)
+		} else {
+			assert.Equal(t, "order-101", line["key"])
+		}
+	}
+}

@@ -86,7 +86,7 @@ var _ backend.Backend = (*Backend)(nil)
 // Records that an earlier process left pending are marked interrupted.
 func Open(path string, opts *Options) (*Backend, error) {
 	o := opts.withDefaults()
-	if err := checkFile(path); err != nil {
+	if err := checkFile(path, !o.SkipCheck); err != nil {
 		return nil, err
 	}
 	if o.ReadOnly {
@@ -97,12 +97,15 @@ func Open(path string, opts *Options) (*Backend, error) {
 		return nil, err
 	}
 	if !o.SkipCheck {
-		if err := Check(db); err != nil {
+		if err := checkRecords(db); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("bolt: %s: %w", path, err)
 		}
 	}
 	n, err := initialize(db)
+	if errors.Is(err, berrors.ErrIncompatibleValue) { // a bucket where a value belongs, or the reverse
+		err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("bolt: %s: %w", path, err)
@@ -167,7 +170,7 @@ func openReadOnly(path string, o Options) (*Backend, error) {
 		return nil, err
 	}
 	if !o.SkipCheck {
-		if err := Check(db); err != nil {
+		if err := checkRecords(db); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("bolt: %s: %w", path, err)
 		}
@@ -201,6 +204,9 @@ func initialize(db *bbolt.DB) (interrupted int, err error) {
 	err = update(db, func(tx *bbolt.Tx) error {
 		if meta := tx.Bucket(bucketMeta); meta == nil {
 			if k, _ := tx.Cursor().First(); k != nil {
+				if bytes.HasPrefix(k, []byte("idem.")) { // idem's file, its meta bucket lost
+					return fmt.Errorf("%w: bucket %s is missing", ErrCorrupt, bucketMeta)
+				}
 				return fmt.Errorf("%w: it holds bucket %q", ErrNotIdem, k)
 			}
 			meta, err := tx.CreateBucket(bucketMeta)

@@ -1,6 +1,7 @@
 package bolt
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 
+	"github.com/seed094d4201/idem"
 	"go.etcd.io/bbolt"
 )
 
@@ -35,7 +37,10 @@ type meta struct {
 // safely. bbolt maps the file and trusts its meta pages: a file truncated
 // below the pages they claim faults with SIGBUS on first access, and a
 // corrupt meta can panic. A missing or empty file is fine: Open creates it.
-func checkFile(path string) error {
+//
+// With deep set, it also verifies the file's structure page by page
+// (verify.go) before bbolt reads any of it.
+func checkFile(path string, deep bool) error {
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -65,8 +70,16 @@ func checkFile(path string) error {
 	if m.pgid > uint64(fi.Size())/uint64(m.pageSize) { // pgid*pageSize could overflow
 		return fmt.Errorf("%w: %s is truncated: %d bytes, but its meta page counts %d pages of %d", ErrCorrupt, path, fi.Size(), m.pgid, m.pageSize)
 	}
+	if m.txid > 1<<62 { // the next commit's id would wrap, and bbolt would free pages in use
+		return fmt.Errorf("%w: %s: implausible transaction id %d", ErrCorrupt, path, m.txid)
+	}
 	if m.root >= m.pgid || (m.freelist >= m.pgid && m.freelist != noFreelist) {
 		return fmt.Errorf("%w: %s: meta page points past the end of the file", ErrCorrupt, path)
+	}
+	if deep {
+		if err := verifyFile(f, m); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+		}
 	}
 	return nil
 }
@@ -136,22 +149,22 @@ func readMetaAt(r io.ReaderAt, off int64) (meta, error) {
 // back and grow the file without bound.
 const MaxRecordSize = 64 << 20
 
-// Check verifies an open bbolt database as Open does unless
-// Options.SkipCheck: it reads every page of every bucket, then checks
-// every idem record's size. It returns an error matching ErrCorrupt for damage.
-// It reads the whole file. A record whose bytes do not decode is not the
-// file's damage but the key's: using the key reports ErrCorrupt, and Forget
-// clears it.
-func Check(db *bbolt.DB) error {
+// checkRecords checks, in a file whose structure verifyFile passed, that
+// idem's buckets hold no nested buckets and that no record claims more than
+// MaxRecordSize. A record whose bytes do not decode is not the file's
+// damage but the key's: using the key reports ErrCorrupt, and Forget clears
+// it (idem check reports it).
+func checkRecords(db *bbolt.DB) error {
 	return view(db, func(tx *bbolt.Tx) error {
-		// Every page of every bucket, walked here rather than with
-		// tx.Check, whose goroutine would let a page's failed assertion
-		// crash the process: on this goroutine, view turns it into
-		// ErrCorrupt.
-		if err := tx.ForEach(func(name []byte, b *bbolt.Bucket) error {
-			return walk(b, tx.Size())
-		}); err != nil {
-			return err
+		for _, name := range [][]byte{bucketMeta, bucketExpiry, bucketPending} {
+			if b := tx.Bucket(name); b != nil {
+				c := b.Cursor()
+				for k, v := c.First(); k != nil; k, v = c.Next() {
+					if v == nil {
+						return fmt.Errorf("%w: %q in bucket %s is a bucket", ErrCorrupt, k, name)
+					}
+				}
+			}
 		}
 		records := tx.Bucket(bucketRecords)
 		if records == nil {
@@ -166,26 +179,16 @@ func Check(db *bbolt.DB) error {
 			if v == nil {
 				return fmt.Errorf("%w: %q in the records bucket is a bucket", ErrCorrupt, k)
 			}
+			if idem.CheckKey(string(k)) != nil { // idem writes no such key: a damaged offset reads the wrong bytes
+				return fmt.Errorf("%w: the records bucket holds key %q, which idem never writes", ErrCorrupt, k)
+			}
+			// A record names its key (version, state, key length, key): a
+			// damaged key offset files it under another key, and the key it
+			// names would then be claimed afresh.
+			if len(v) >= 3 && (v[0] == 1 || v[0] == 2) && 3+int(v[2]) <= len(v) && !bytes.Equal(v[3:3+int(v[2])], k) {
+				return fmt.Errorf("%w: the record stored under %q names key %q", ErrCorrupt, k, v[3:3+int(v[2])])
+			}
 		}
 		return nil
 	})
-}
-
-// walk reads every key and value of b and of the buckets nested in it,
-// refusing any that claims more bytes than the file holds.
-func walk(b *bbolt.Bucket, size int64) error {
-	c := b.Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if int64(len(k))+int64(len(v)) > size {
-			return fmt.Errorf("%w: key %q claims %d bytes in a file of %d", ErrCorrupt, k, len(k)+len(v), size)
-		}
-		if v == nil {
-			if nested := b.Bucket(k); nested != nil {
-				if err := walk(nested, size); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
 }

@@ -30,13 +30,16 @@ type Options struct {
 	// file for reading and writing.
 	ReadOnly bool
 
-	// SkipCheck skips the check of the file's structure at Open: a read of
-	// every page of every bucket, and of every record's size.
-	// The check reads the whole file (about a second per few hundred MB),
-	// and it is what turns a damaged file into ErrCorrupt at Open rather
-	// than a hang, a crash or a file that grows without bound on first
-	// write. False checks; set it only for files too large to read at
-	// every start, and run "idem check FILE" on them instead.
+	// SkipCheck skips the check of the file's structure at Open: every
+	// page reachable from its meta is read from the file, before bbolt
+	// reads any (each page once, within the file, every element within its
+	// page, a freelist that names only unused pages within the file), then
+	// every record's size. It reads every page in use, value pages
+	// included: its cost grows with the file (bench it on yours). The check
+	// is what turns a damaged file into ErrCorrupt at Open rather than a
+	// hang, a crash or a file that grows without bound. False checks; set
+	// it only for files too large to read at every start, and run "idem
+	// check FILE" on them instead.
 	SkipCheck bool
 
 	// noSync skips fsync: for tests that measure memory, not durability.

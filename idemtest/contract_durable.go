@@ -218,27 +218,11 @@ func testCrashIsOutcomeUnknown(c *contract) {
 	t := c.t
 	c.needBackend()
 	ctx := context.Background()
-	fp, err := idem.DefaultFingerprint("p")
-	require.NoError(t, err)
-	keys := []string{"crashed", "crashed-retried"}
-	for _, key := range keys { // claims whose owner dies, as a store makes them
-		claim := backend.Record{Key: key, Fingerprint: fp, Token: "dead-owner-" + key, State: backend.StatePending}
-		_, won, err := c.b.Claim(ctx, claim, time.Now(), 100*time.Millisecond)
-		require.NoError(t, err)
-		require.True(t, won)
-	}
-	c.reopen()
-	require.True(t, poll(func() bool {
-		for _, key := range keys {
-			if rec, ok := c.record(key); !ok || rec.State != backend.StateInterrupted {
-				return false
-			}
-		}
-		return true
-	}), "the dead owner's claims never read as interrupted")
+	c.deadClaims("dead-owner-", "crashed", "crashed-retried")
 
 	s := c.store(idem.Options{})
 	var calls atomic.Int32
+	var err error
 	for range 2 {
 		_, err = c.run(s, c.bounded(), "crashed", "p", counting(&calls))
 		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
@@ -269,4 +253,29 @@ func testCrashIsOutcomeUnknown(c *contract) {
 func testWaitForOtherStore(c *contract) {
 	c.needBackend()
 	waitWithDeadline(c, c.store(idem.Options{}), c.store(idem.Options{}))
+}
+
+// deadClaims claims keys in the backend, with payload "p" and a 100 ms
+// lease, as stores whose owners then die make them; restarts the backend
+// (Reopen, where the harness has one); and waits until every claim reads
+// as interrupted.
+func (c *contract) deadClaims(tokenPrefix string, keys ...string) {
+	t := c.t
+	fp, err := idem.DefaultFingerprint("p")
+	require.NoError(t, err)
+	for _, key := range keys {
+		claim := backend.Record{Key: key, Fingerprint: fp, Token: tokenPrefix + key, State: backend.StatePending}
+		_, won, err := c.b.Claim(context.Background(), claim, time.Now(), 100*time.Millisecond)
+		require.NoError(t, err)
+		require.True(t, won)
+	}
+	c.reopen()
+	require.True(t, poll(func() bool {
+		for _, key := range keys {
+			if rec, ok := c.record(key); !ok || rec.State != backend.StateInterrupted {
+				return false
+			}
+		}
+		return true
+	}), "the dead owners' claims never read as interrupted")
 }

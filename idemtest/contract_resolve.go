@@ -21,24 +21,7 @@ func testResolveInterrupted(c *contract) {
 	t := c.t
 	c.needBackend()
 	ctx := context.Background()
-	fp, err := idem.DefaultFingerprint("p")
-	require.NoError(t, err)
-	keys := []string{"applied", "declined"}
-	for _, key := range keys { // the killed consumer's claims
-		claim := backend.Record{Key: key, Fingerprint: fp, Token: "killed-" + key, State: backend.StatePending}
-		_, won, err := c.b.Claim(ctx, claim, time.Now(), 100*time.Millisecond)
-		require.NoError(t, err)
-		require.True(t, won)
-	}
-	c.reopen()
-	require.True(t, poll(func() bool {
-		for _, key := range keys {
-			if rec, ok := c.record(key); !ok || rec.State != backend.StateInterrupted {
-				return false
-			}
-		}
-		return true
-	}), "the killed consumer's claims never read as interrupted")
+	c.deadClaims("killed-", "applied", "declined")
 
 	s := c.store(idem.Options{})
 	require.NoError(t, s.Resolve(ctx, "applied", receipt{N: 3}, nil))

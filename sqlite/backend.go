@@ -1,0 +1,391 @@
+// Package sqlite is a backend.Backend in a SQLite table: embedded like
+// package bolt, but shared by every process that opens the same file, and
+// next to the application's own tables, so that RunOnceTx can commit the
+// key, the caller's writes and the outcome in one transaction.
+//
+// A claim is one INSERT ... ON CONFLICT DO NOTHING statement: SQLite's
+// single writer decides, atomically, which of many concurrent claims
+// (from any goroutine or process) wins. Complete, Release and Renew
+// compare the claim's token in their WHERE clause, so a stale owner can
+// never write over a newer claim.
+//
+// Time is the Store's clock (Options.Now), as for bolt: every process that
+// shares the file runs on the same machine, so they share a clock. A claim
+// whose lease lapsed (its process died, or stopped renewing) is reported
+// interrupted.
+//
+// Open sets the database up as the Backend needs it (WAL, fsync at every
+// commit, a busy timeout). The tested driver is modernc.org/sqlite, pure
+// Go; New takes any *sql.DB, so another driver works when its DSN sets the
+// same.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+)
+
+// Schema is the SQL that creates the default table, idem_keys: the file
+// schema.sql, for migration tools.
+//
+//go:embed schema.sql
+var Schema string
+
+// Options configure a Backend. The zero value is ready to use.
+type Options struct {
+	// Table names the table. Empty means "idem_keys".
+	Table string
+
+	// NoMigrate leaves the schema alone: the table must already exist, as
+	// Schema creates it. False means New creates the table and its index if
+	// they are absent.
+	NoMigrate bool
+}
+
+// Backend is a backend.Backend over a SQLite table. It is safe for
+// concurrent use by many goroutines and processes.
+type Backend struct {
+	db    *sql.DB
+	table string
+	q     queries
+
+	// write is a one-slot semaphore that this process's writes take in
+	// turn: they queue here, where a waiter wakes as soon as the lock is
+	// free and its ctx can end the wait, rather than in SQLite's busy
+	// handler, which sleeps in steps of up to 100 ms. Writes from other
+	// processes still meet in the busy handler.
+	write chan struct{}
+}
+
+var _ backend.Lister = (*Backend)(nil)
+
+// New returns a Backend over db, creating its table unless opts.NoMigrate,
+// and putting the file in WAL mode. db must have a busy timeout (Open sets
+// one): without it, a write that meets another process's lock fails at
+// once. The caller keeps ownership of db and closes it after the Stores
+// that use the Backend.
+func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
+	if db == nil {
+		return nil, errors.New("sqlite: New with a nil *sql.DB")
+	}
+	table := opts.Table
+	if table == "" {
+		table = "idem_keys"
+	}
+	b := &Backend{db: db, table: table, q: newQueries(quote(table)), write: make(chan struct{}, 1)}
+	var busy int64
+	if err := db.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
+		return nil, fmt.Errorf("sqlite: %w", closedErr(err))
+	}
+	if busy <= 0 {
+		return nil, errors.New("sqlite: the database has no busy timeout, so a write that meets another's lock would fail at once: open it with sqlite.Open, or set busy_timeout in the driver's DSN")
+	}
+	if opts.NoMigrate {
+		return b, nil
+	}
+	var mode string
+	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode=WAL`).Scan(&mode); err != nil {
+		return nil, fmt.Errorf("sqlite: setting WAL mode: %w", closedErr(err))
+	}
+	if !strings.EqualFold(mode, "wal") && !strings.EqualFold(mode, "memory") {
+		return nil, fmt.Errorf("sqlite: the database stays in journal mode %q, not WAL", mode)
+	}
+	// In a transaction whose first statement writes, so that it holds the
+	// write lock from the start: processes starting together take turns,
+	// and each finds the table the one before it made.
+	if err := b.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, createSQL(quote(table), quote(table+"_expiry")))
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("sqlite: creating table %s: %w", table, err)
+	}
+	return b, nil
+}
+
+// quote makes name an SQL identifier.
+func quote(name string) string {
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// createSQL is Schema for any table and index name.
+func createSQL(table, index string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
+    key         TEXT    PRIMARY KEY NOT NULL,
+    fingerprint BLOB    NOT NULL,
+    token       TEXT    NOT NULL,
+    state       INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER,
+    lease_until INTEGER,
+    value       BLOB,
+    failed      INTEGER NOT NULL DEFAULT 0,
+    err_msg     TEXT    NOT NULL DEFAULT ''
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE state = 2;`
+}
+
+// queries are the statements, written once for the table's name. Instants
+// are Unix nanoseconds, given as parameters from the Store's clock.
+type queries struct {
+	claim, takeOver, complete, release, renew, get, forget, exists, sweep, all string
+}
+
+const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg`
+
+func newQueries(t string) queries {
+	return queries{
+		// Inserts the claim or does nothing; RETURNING yields a row only
+		// for the claim that won.
+		claim: `INSERT INTO ` + t + ` (key, fingerprint, token, state, created_at, lease_until) VALUES (?1, ?2, ?3, 1, ?4, ?5)
+ON CONFLICT (key) DO NOTHING RETURNING ` + columns,
+		// Takes over a record that expired at ?4, atomically: the WHERE
+		// clause is checked under the write lock.
+		takeOver: `UPDATE ` + t + ` SET fingerprint = ?2, token = ?3, state = 1, created_at = ?4, expires_at = NULL,
+    lease_until = ?5, value = NULL, failed = 0, err_msg = ''
+WHERE key = ?1 AND state = 2 AND expires_at <= ?4 RETURNING ` + columns,
+		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ?3, lease_until = NULL, value = ?4, failed = ?5, err_msg = ?6
+WHERE key = ?1 AND token = ?2 AND state <> 2`,
+		release: `DELETE FROM ` + t + ` WHERE key = ?1 AND token = ?2 AND state <> 2`,
+		renew: `UPDATE ` + t + ` SET lease_until = ?3
+WHERE key = ?1 AND token = ?2 AND state = 1 AND (lease_until IS NULL OR lease_until > ?4)`,
+		get: `SELECT ` + columns + ` FROM ` + t + ` WHERE key = ?1`,
+		all: `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
+		forget: `DELETE FROM ` + t + ` WHERE key = ?1
+    AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > ?2))`,
+		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE key = ?1)`,
+		sweep: `DELETE FROM ` + t + ` WHERE key IN (
+    SELECT key FROM ` + t + ` WHERE state = 2 AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2)`,
+	}
+}
+
+// nanos is t as stored: Unix nanoseconds, or NULL for the zero Time.
+func nanos(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixNano()
+}
+
+// lock takes the write semaphore, or gives up when ctx ends.
+func (b *Backend) lock(ctx context.Context) error {
+	select {
+	case b.write <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *Backend) unlock() { <-b.write }
+
+// exec runs one writing statement under the write semaphore and returns
+// how many rows it changed.
+func (b *Backend) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	if err := b.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer b.unlock()
+	res, err := b.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, closedErr(err)
+	}
+	return res.RowsAffected()
+}
+
+// inTx runs fn in a transaction under the write semaphore, and commits it
+// if fn returns nil. fn's first statement should write, so that the
+// transaction takes the write lock at once, whatever the driver's BEGIN.
+func (b *Backend) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	if err := b.lock(ctx); err != nil {
+		return err
+	}
+	defer b.unlock()
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return closedErr(err)
+	}
+	defer tx.Rollback() // a no-op once committed
+	if err := fn(tx); err != nil {
+		return closedErr(err)
+	}
+	return closedErr(tx.Commit())
+}
+
+// closedErr makes database/sql's "database is closed", which it exports no
+// sentinel for, match idem.ErrClosed.
+func closedErr(err error) error {
+	if err != nil && strings.Contains(err.Error(), "sql: database is closed") {
+		return fmt.Errorf("%w: %w", idem.ErrClosed, err)
+	}
+	return err
+}
+
+// Claim claims rec.Key in one transaction: the insert that wins, or the
+// record that stands, taken over if it expired at now.
+func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
+	// Most claims of a known key are replays: answer them from a read,
+	// which takes no lock.
+	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil || ok {
+		return old, false, err
+	}
+	var leaseUntil time.Time
+	if lease > 0 {
+		leaseUntil = now.Add(lease)
+	}
+	var got backend.Record
+	won := false
+	err := b.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		got, won, err = claimIn(ctx, tx, b.q, rec.Key, rec.Fingerprint, rec.Token, now, leaseUntil)
+		return err
+	})
+	if err != nil {
+		return backend.Record{}, false, err
+	}
+	if !won {
+		got, _ = got.SeenAt(now) // a lapsed lease shows as interrupted
+	}
+	return got, won, nil
+}
+
+// claimIn claims key inside tx, whose first statement this is, or returns
+// the record that stands. Under the write lock nothing else changes the
+// table between its statements.
+func claimIn(ctx context.Context, tx *sql.Tx, q queries, key string, fp [32]byte, token string, now, leaseUntil time.Time) (backend.Record, bool, error) {
+	args := []any{key, fp[:], token, now.UnixNano(), nanos(leaseUntil)}
+	rec, found, err := scanOne(tx.QueryContext(ctx, q.claim, args...))
+	if err != nil || found {
+		return rec, found, err
+	}
+	if rec, found, err = scanOne(tx.QueryContext(ctx, q.get, key)); err != nil {
+		return backend.Record{}, false, err
+	}
+	if !found {
+		return backend.Record{}, false, fmt.Errorf("sqlite: key %q: the insert found a row the read does not", key)
+	}
+	if !rec.Expired(now) {
+		return rec, false, nil
+	}
+	rec, found, err = scanOne(tx.QueryContext(ctx, q.takeOver, args...))
+	if err == nil && !found {
+		err = fmt.Errorf("sqlite: key %q: an expired record could not be taken over", key)
+	}
+	return rec, found, err
+}
+
+// Complete records the outcome, expiring ttl after now.
+func (b *Backend) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
+	n, err := b.exec(ctx, b.q.complete, rec.Key, rec.Token, now.Add(ttl).UnixNano(), rec.Value, rec.Failed, rec.ErrMsg)
+	return backend.Owned(n, err, rec.Key)
+}
+
+func (b *Backend) Release(ctx context.Context, key, token string) error {
+	n, err := b.exec(ctx, b.q.release, key, token)
+	return backend.Owned(n, err, key)
+}
+
+func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
+	n, err := b.exec(ctx, b.q.renew, key, token, now.Add(lease).UnixNano(), now.UnixNano())
+	return backend.Owned(n, err, key)
+}
+
+func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
+	rec, found, err := scanOne(b.db.QueryContext(ctx, b.q.get, key))
+	if err != nil || !found {
+		return backend.Record{}, false, closedErr(err)
+	}
+	rec, found = rec.SeenAt(now)
+	return rec, found, nil
+}
+
+func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
+	n, err := b.exec(ctx, b.q.forget, key, now.UnixNano())
+	if err != nil || n > 0 {
+		return err
+	}
+	var exists bool
+	if err := b.db.QueryRowContext(ctx, b.q.exists, key).Scan(&exists); err != nil {
+		return closedErr(err)
+	}
+	if exists {
+		return fmt.Errorf("%w: key %q is claimed and its lease holds", idem.ErrInProgress, key)
+	}
+	return nil
+}
+
+func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	n, err := b.exec(ctx, b.q.sweep, now.UnixNano(), limit)
+	return int(n), err
+}
+
+// Each calls fn for every record, in key order, stopping at fn's first
+// error. It is for inspection (cmd/idem): it reads the whole table.
+func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
+	rows, err := b.db.QueryContext(ctx, b.q.all)
+	if err != nil {
+		return closedErr(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		rec, err := scan(rows)
+		if err != nil {
+			return err
+		}
+		if err := fn(rec); err != nil {
+			return err
+		}
+	}
+	return closedErr(rows.Err())
+}
+
+// scanOne reads the one record that rows, a query's result, may hold, and
+// closes rows.
+func scanOne(rows *sql.Rows, err error) (backend.Record, bool, error) {
+	if err != nil {
+		return backend.Record{}, false, closedErr(err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return backend.Record{}, false, closedErr(rows.Err())
+	}
+	rec, err := scan(rows)
+	if err != nil {
+		return backend.Record{}, false, err
+	}
+	return rec, true, closedErr(rows.Close())
+}
+
+// scan reads the record at rows' cursor.
+func scan(rows *sql.Rows) (backend.Record, error) {
+	var rec backend.Record
+	var fp []byte
+	var state, created int64
+	var expires, lease sql.NullInt64
+	if err := rows.Scan(&rec.Key, &fp, &rec.Token, &state, &created, &expires, &lease, &rec.Value, &rec.Failed, &rec.ErrMsg); err != nil {
+		return backend.Record{}, fmt.Errorf("sqlite: reading a record: %w", err)
+	}
+	if len(fp) != len(rec.Fingerprint) {
+		return backend.Record{}, fmt.Errorf("sqlite: key %q: fingerprint of %d bytes", rec.Key, len(fp))
+	}
+	if state < int64(backend.StatePending) || state > int64(backend.StateInterrupted) {
+		return backend.Record{}, fmt.Errorf("sqlite: key %q: unknown state %d", rec.Key, state)
+	}
+	copy(rec.Fingerprint[:], fp)
+	rec.State = backend.RecordState(state)
+	rec.CreatedAt = time.Unix(0, created)
+	if expires.Valid {
+		rec.ExpiresAt = time.Unix(0, expires.Int64)
+	}
+	if lease.Valid {
+		rec.LeaseUntil = time.Unix(0, lease.Int64)
+	}
+	return rec, nil
+}

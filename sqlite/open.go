@@ -1,0 +1,53 @@
+package sqlite
+
+import (
+	"database/sql"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver: pure Go, no cgo
+)
+
+// BusyTimeout is how long Open's connections wait for another connection's
+// write lock (another process's, or a long RunOnceTx) before a statement
+// fails with SQLITE_BUSY.
+const BusyTimeout = 10 * time.Second
+
+// Open opens, or creates, the SQLite database at path with the pure-Go
+// driver modernc.org/sqlite, set up as a Backend needs it. Every
+// connection gets:
+//
+//   - journal_mode=WAL: readers never block the writer nor each other, and
+//     a commit is one append to the log;
+//   - synchronous=FULL: the log is fsynced at every commit, so an outcome
+//     that RunOnce answered survives a power cut, not just a crash;
+//   - busy_timeout of BusyTimeout: a writer waits for another's lock rather
+//     than failing at once, which is what lets several processes share the
+//     file;
+//   - foreign_keys=ON, as most schemas expect;
+//   - _txlock=immediate: every transaction takes the write lock as it
+//     begins, so two transactions that read and then write cannot both
+//     hold a snapshot and fail to upgrade (SQLITE_BUSY without waiting).
+//
+// The caller closes the *sql.DB after the Stores that use it. To bring
+// another driver, open the database with the same settings in its DSN and
+// pass it to New.
+func Open(path string) (*sql.DB, error) {
+	q := url.Values{}
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", "file:"+uriPath.Replace(path)+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// uriPath escapes what would end a path in a file: URI early, or be read
+// as an escape.
+var uriPath = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")

@@ -1,0 +1,82 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// openTemp opens a database in a new file of a temporary directory, closed
+// when the test ends.
+func openTemp(t testing.TB) (*sql.DB, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	db, err := Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db, path
+}
+
+// testBackend returns a Backend over a new file.
+func testBackend(t testing.TB) (*Backend, string) {
+	t.Helper()
+	db, path := openTemp(t)
+	b, err := New(context.Background(), db, Options{})
+	require.NoError(t, err)
+	return b, path
+}
+
+func TestConformance(t *testing.T) {
+	idemtest.Run(t, func(t *testing.T) backend.Backend {
+		b, _ := testBackend(t)
+		return b
+	})
+}
+
+// TestContract runs the store-level contract through RunOnce and Begin; a
+// restart is a new *sql.DB and Backend over the same file, as a new process
+// makes.
+func TestContract(t *testing.T) {
+	paths := map[backend.Backend]string{}
+	idemtest.RunContract(t, idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, path := testBackend(t)
+			paths[b] = path
+			return b
+		},
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			require.NoError(t, b.(*Backend).db.Close())
+			db, err := Open(paths[b])
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			reopened, err := New(context.Background(), db, Options{})
+			require.NoError(t, err)
+			paths[reopened] = paths[b]
+			return reopened
+		},
+	})
+}
+
+func TestSchemaFileMatchesNew(t *testing.T) {
+	normalize := func(s string) string {
+		var lines []string
+		for _, l := range strings.Split(s, "\n") {
+			if i := strings.Index(l, "--"); i >= 0 {
+				l = l[:i]
+			}
+			l = strings.ReplaceAll(l, `"`, "") // New quotes the names
+			if l = strings.Join(strings.Fields(l), " "); l != "" {
+				lines = append(lines, l)
+			}
+		}
+		return strings.Join(lines, "\n")
+	}
+	assert.Equal(t, normalize(Schema), normalize(createSQL(`"idem_keys"`, `"idem_keys_expiry"`)))
+}

@@ -281,11 +281,8 @@ func (b *Backend) Close() error {
 // once committed. Once submitted, a write is waited for even if ctx ends, so
 // that the caller always learns whether it took effect.
 func (b *Backend) write(ctx context.Context, o op) error {
-	if err := ctx.Err(); err != nil {
+	if err := b.usable(ctx); err != nil {
 		return err
-	}
-	if b.readOnly {
-		return ErrReadOnly
 	}
 	r := &request{op: o, done: make(chan error, 1)}
 	b.mu.RLock()
@@ -302,6 +299,9 @@ func (b *Backend) write(ctx context.Context, o op) error {
 func (b *Backend) read(ctx context.Context, fn func(*bbolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if ctx.Value(inTx{}) == b {
+		return errNested
 	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()

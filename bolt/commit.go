@@ -1,8 +1,10 @@
 package bolt
 
 import (
+	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 
 	bbolt "go.etcd.io/bbolt"
 )
@@ -17,6 +19,18 @@ type request struct {
 	op   op
 	done chan error // buffered; receives the op's result once its transaction has committed, or the commit's error
 }
+
+// rollback is the result of an op that made changes it must take back (the
+// caller's fn failed inside an Update or a RunOnceTx): bbolt cannot undo
+// part of a transaction, so the committer rolls the whole one back, answers
+// that op with err, and runs the others again in a new transaction.
+type rollback struct{ err error }
+
+func (r rollback) Error() string { return r.err.Error() }
+func (r rollback) Unwrap() error { return r.err }
+
+// errRolledBack ends a transaction that an op asked to roll back.
+var errRolledBack = errors.New("bolt: an operation rolled its transaction back")
 
 // committer is the one goroutine that writes. It takes the first request
 // waiting, then every other one already queued (up to maxBatch), runs them all
@@ -41,20 +55,33 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 				break gather
 			}
 		}
-		results = results[:len(batch)]
-		err := update(db, func(tx *bbolt.Tx) error {
+		for len(batch) > 0 {
+			results = results[:len(batch)]
+			failed := -1
+			err := update(db, func(tx *bbolt.Tx) error {
+				for i, r := range batch {
+					results[i] = r.op(tx)
+					if _, ok := results[i].(rollback); ok {
+						failed = i
+						return errRolledBack
+					}
+				}
+				return nil
+			})
+			if failed >= 0 && errors.Is(err, errRolledBack) {
+				batch[failed].done <- results[failed].(rollback).err
+				batch = slices.Delete(batch, failed, failed+1)
+				continue // the others, again
+			}
 			for i, r := range batch {
-				results[i] = r.op(tx)
+				if err != nil {
+					r.done <- err
+				} else {
+					r.done <- results[i]
+				}
+				batch[i] = nil
 			}
-			return nil
-		})
-		for i, r := range batch {
-			if err != nil {
-				r.done <- err
-			} else {
-				r.done <- results[i]
-			}
-			batch[i] = nil
+			batch = batch[:0]
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/txrun"
 )
 
 // RunOnceTx is the transactional mode, the second seed article's
@@ -30,8 +31,10 @@ import (
 // lapsed, idem.ErrOutcomeUnknown.
 //
 // fn and the transaction run under a context that keeps ctx's values but
-// not its cancellation, bounded by the store's ExecutionTimeout, so that a
-// caller that leaves does not fail the duplicates waiting on it.
+// not its cancellation, bounded by the store's ExecutionTimeout. The caller waits under its own
+// ctx: if ctx ends first, RunOnceTx returns an error that matches both
+// idem.ErrInProgress and ctx.Err(), and the transaction goes on for the
+// duplicates waiting on it.
 //
 // store supplies the fingerprint, codec and TTL; its Backend must be
 // a *Backend, whose table holds the key. fn must do its writes through tx,
@@ -50,15 +53,15 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 	if err != nil {
 		return zero, err
 	}
-	defer t.Release()
 	if val, err, ok := t.Replayed(); ok {
 		return val, err
 	}
 	fp, err := opts.Fingerprint(payload)
 	if err != nil {
+		t.Release()
 		return zero, err
 	}
-	return t.Do(func(ctx context.Context) (R, error) {
+	return txrun.Do(ctx, t, func(ctx context.Context) (R, error) {
 		val, err, replayed := runOnceTx(ctx, store, b, key, fp, fn)
 		if replayed { // another process committed it: a replay, not an execution
 			return t.FinishReplayed(val, err)

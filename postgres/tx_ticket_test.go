@@ -124,10 +124,11 @@ func TestTicketTxAndPlainRunOnceSameKey(t *testing.T) {
 			}
 			waiter <- err
 		}()
-		time.Sleep(50 * time.Millisecond)
 		cancel()
+		err := <-first // while fn is still blocked: the caller leaves on its own ctx
+		assert.ErrorIs(t, err, idem.ErrInProgress)
+		assert.ErrorIs(t, err, context.Canceled)
 		close(gate)
-		assert.NoError(t, <-first, "RunOnceTx's fn runs detached")
-		assert.NoError(t, <-waiter)
+		assert.NoError(t, <-waiter, "fn ran on, detached, and the waiter got its outcome")
 	})
 }

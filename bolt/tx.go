@@ -1,0 +1,342 @@
+package bolt
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/txrun"
+	bbolt "go.etcd.io/bbolt"
+)
+
+// errNested is returned by a Backend's methods called from inside an fn
+// that runs in one of its write transactions: the call would wait for the
+// very commit that waits for fn.
+var errNested = errors.New("bolt: called from inside a transaction of the same Backend (RunOnceTx or Update), which would deadlock: use the *bbolt.Tx")
+
+// inTx is the context key that marks the context of an fn running in a
+// write transaction of the Backend it holds.
+type inTx struct{}
+
+// handoff lends the committer's transaction to the caller's goroutine, so
+// that the caller's fn runs there (its panics, its stack, its
+// runtime.Goexit), while the committer waits. The committer may lend the
+// same request a transaction more than once: when another request in its
+// group rolls back, it runs the rest again in a new one.
+type handoff struct {
+	txs  chan *bbolt.Tx // committer → caller: run in this transaction
+	back chan error     // caller → committer: nil to keep what was written, a rollback to undo it
+}
+
+func (h *handoff) op(tx *bbolt.Tx) error {
+	h.txs <- tx
+	return <-h.back
+}
+
+// lend runs fn in a write transaction of b, shared with the other writes
+// waiting (group commit), on the calling goroutine. fn returns what the
+// committer gets: nil keeps its writes, a rollback undoes them. If fn
+// panics or exits the goroutine, its writes are undone and the panic goes
+// on. lend returns once the transaction committed, or rolled fn's writes
+// back: the commit's error, or the rollback's.
+func (b *Backend) lend(ctx context.Context, fn func(ctx context.Context, tx *bbolt.Tx) error) error {
+	if err := b.usable(ctx); err != nil {
+		return err
+	}
+	h := &handoff{txs: make(chan *bbolt.Tx), back: make(chan error)}
+	r := &request{op: h.op, done: make(chan error, 1)}
+	b.mu.RLock()
+	if b.closed {
+		b.mu.RUnlock()
+		return idem.ErrClosed
+	}
+	b.reqs <- r
+	b.mu.RUnlock()
+	ctx = context.WithValue(ctx, inTx{}, b)
+	for {
+		select {
+		case tx := <-h.txs:
+			h.back <- runLent(ctx, tx, h, fn)
+		case err := <-r.done:
+			return err
+		}
+	}
+}
+
+// runLent runs fn in tx and returns what the committer gets. If fn does not
+// return, the committer is told to roll back before the panic goes on.
+func runLent(ctx context.Context, tx *bbolt.Tx, h *handoff, fn func(context.Context, *bbolt.Tx) error) (result error) {
+	returned := false
+	defer func() {
+		if !returned {
+			h.back <- rollback{errors.New("bolt: fn did not return")}
+		}
+	}()
+	err := fn(ctx, tx)
+	returned = true
+	if err == nil && !idemBuckets(tx) {
+		err = rollback{fmt.Errorf("bolt: fn deleted one of idem's buckets (%s, %s, %s, %s)", bucketMeta, bucketRecords, bucketExpiry, bucketPending)}
+	}
+	return err
+}
+
+// idemBuckets reports whether tx still has idem's buckets.
+func idemBuckets(tx *bbolt.Tx) bool {
+	for _, name := range [][]byte{bucketMeta, bucketRecords, bucketExpiry, bucketPending} {
+		if tx.Bucket(name) == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// usable returns why b cannot take a call under ctx, if it cannot.
+func (b *Backend) usable(ctx context.Context) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case ctx.Value(inTx{}) == b:
+		return errNested
+	case b.readOnly:
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// Update runs fn in a read-write transaction of the file, for the caller's
+// own buckets beside idem's, and commits it with the writes of the Stores
+// that use b (one fsync for all). If fn returns an error or panics, its
+// writes are rolled back and Update returns that error (or the panic goes
+// on); the other writes of its group commit are retried without it, so an
+// fn may run more than once when another in its group fails: it must not
+// act outside tx.
+//
+// Buckets whose names start with "idem." are idem's: fn must not create,
+// change or delete them (deleting one is refused, and rolled back). fn must
+// not call b, nor a Store over it, which would deadlock; such calls return
+// an error. While fn runs, every other write to the file waits.
+func (b *Backend) Update(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
+	if fn == nil {
+		return errors.New("bolt: Update with a nil fn")
+	}
+	return b.lend(ctx, func(_ context.Context, tx *bbolt.Tx) error {
+		if err := fn(tx); err != nil {
+			return rollback{err}
+		}
+		return nil
+	})
+}
+
+// View runs fn in a read-only transaction of the file, for the caller's
+// own buckets.
+func (b *Backend) View(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
+	if fn == nil {
+		return errors.New("bolt: View with a nil fn")
+	}
+	return b.read(ctx, fn)
+}
+
+// RunOnceTx is the transactional mode, the second seed article's
+// charge_once for an embedded store: it runs fn at most once for key, with
+// the key's record, fn's own writes (through tx, in the caller's buckets
+// of the same file) and the outcome committed in one bbolt transaction. A
+// crash, an error from fn or a panic rolls all of it back, so there is
+// never a key without its writes, nor writes without their key, and the
+// key is free for the next call rather than interrupted. Only a success,
+// or an error marked idem.Final, commits (a final error records the key
+// and its error, but rolls fn's writes back).
+//
+// A duplicate waits for the first call's outcome and replays it, as with
+// RunOnce; a key reused with another payload is idem.ErrPayloadMismatch.
+//
+// The transaction is shared with the other writes waiting on the file
+// (group commit): many callers pay one fsync. bbolt cannot roll back part
+// of a transaction, so when fn fails, the whole one is rolled back and the
+// rest of its group runs again without it: an fn may then run a second
+// time, its first writes discarded. fn must therefore act only through tx;
+// call remote services before or after, not inside. While fn runs, every
+// other write to the file waits: keep it short.
+//
+// fn runs under a context that keeps ctx's values but not its
+// cancellation, bounded by the store's ExecutionTimeout. The caller waits
+// under its own ctx: if ctx ends first, RunOnceTx returns an error that
+// matches both idem.ErrInProgress and ctx.Err(), and the transaction goes
+// on for the duplicates waiting on it. fn must not call
+// the Backend or a Store over it (such calls return an error), nor touch
+// idem's buckets (names starting with "idem."); open your own buckets in
+// tx. store supplies the fingerprint, codec and TTL; its Backend must be a
+// *Backend.
+func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *bbolt.Tx) (R, error)) (R, error) {
+	var zero R
+	opts := store.Options()
+	b, ok := opts.Backend.(*Backend)
+	switch {
+	case !ok:
+		return zero, fmt.Errorf("bolt: RunOnceTx needs a store whose Backend is a *bolt.Backend, not %T", opts.Backend)
+	case fn == nil:
+		return zero, errors.New("bolt: RunOnceTx with a nil fn")
+	}
+	if err := b.usable(ctx); err != nil {
+		return zero, err // before the key is claimed in memory: a nested call must not wait on itself
+	}
+	t, err := store.BeginLocal(ctx, key, payload)
+	if err != nil {
+		return zero, err
+	}
+	if val, err, ok := t.Replayed(); ok {
+		return val, err
+	}
+	fp, err := opts.Fingerprint(payload)
+	if err != nil {
+		t.Release()
+		return zero, err
+	}
+	return txrun.Do(ctx, t, func(ctx context.Context) (R, error) {
+		val, err, replayed := runOnceTx(ctx, store, b, key, fp, fn)
+		if replayed { // another Store over b recorded it: a replay, not an execution
+			return t.FinishReplayed(val, err)
+		}
+		return val, err
+	})
+}
+
+// runOnceTx runs fn in a lent transaction that also records its outcome, if
+// key has no live record; otherwise it answers from the record that stands
+// (replayed, for a recorded outcome).
+func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, *bbolt.Tx) (R, error)) (val R, err error, replayed bool) {
+	opts := store.Options()
+	token := txToken()
+	var standing *backend.Record
+	var final error // fn's final error: recorded in a transaction of its own, once fn's writes are undone
+	lerr := b.lend(ctx, func(ctx context.Context, tx *bbolt.Tx) error {
+		// Each time the committer lends a transaction, from the start: an
+		// earlier one may have been rolled back by another op.
+		standing, final = nil, nil
+		now := opts.Now()
+		rec, ok, err := liveRecord(tx, key, now)
+		switch {
+		case err != nil:
+			return err // nothing written yet: the answer, not a rollback
+		case ok:
+			standing = &rec
+			return nil
+		}
+		val, err = fn(ctx, tx)
+		switch {
+		case err != nil && idem.IsFinal(err):
+			final = err
+			return rollback{err}
+		case err != nil:
+			return rollback{err}
+		}
+		done := backend.Record{Key: key, Fingerprint: fp, Token: token, CreatedAt: now}
+		if eerr := store.Encode(&done, val, nil); eerr != nil {
+			return rollback{eerr}
+		}
+		if werr := record(tx, done, now, opts.TTL); werr != nil {
+			return rollback{werr}
+		}
+		return nil
+	})
+	if final != nil {
+		return recordFinal(ctx, store, b, key, fp, token, val, final)
+	}
+	if lerr != nil {
+		return val, lerr, false
+	}
+	if standing != nil {
+		return answer(store, *standing, fp)
+	}
+	return val, nil, false
+}
+
+// recordFinal records fn's final error, fn's writes having been rolled
+// back, unless a record appeared in between.
+func recordFinal[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, token string, val R, final error) (R, error, bool) {
+	opts := store.Options()
+	var standing *backend.Record
+	err := b.write(ctx, func(tx *bbolt.Tx) error {
+		now := opts.Now()
+		rec, ok, err := liveRecord(tx, key, now)
+		switch {
+		case err != nil:
+			return err
+		case ok:
+			standing = &rec
+			return nil
+		}
+		done := backend.Record{Key: key, Fingerprint: fp, Token: token, CreatedAt: now}
+		if err := store.Encode(&done, val, final); err != nil {
+			return err
+		}
+		return record(tx, done, now, opts.TTL)
+	})
+	switch {
+	case err != nil:
+		return val, errors.Join(final, &idem.BackendError{Op: "complete", Err: err}), false
+	case standing != nil:
+		return answer(store, *standing, fp)
+	}
+	return val, final, false
+}
+
+// liveRecord returns key's record as seen at now, if it has a live one.
+func liveRecord(tx *bbolt.Tx, key string, now time.Time) (backend.Record, bool, error) {
+	v := tx.Bucket(bucketRecords).Get([]byte(key))
+	if v == nil {
+		return backend.Record{}, false, nil
+	}
+	rec, err := decode([]byte(key), v)
+	if err != nil {
+		return backend.Record{}, false, err
+	}
+	rec, ok := rec.SeenAt(now)
+	return rec, ok, nil
+}
+
+// record writes done, completed at now and expiring ttl later, over any
+// expired record of its key.
+func record(tx *bbolt.Tx, done backend.Record, now time.Time, ttl time.Duration) error {
+	records := tx.Bucket(bucketRecords)
+	if v := records.Get([]byte(done.Key)); v != nil { // expired: drop its index entry
+		old, err := decode([]byte(done.Key), v)
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
+			return err
+		}
+	}
+	done.State, done.ExpiresAt = backend.StateCompleted, now.Add(ttl)
+	if err := put(records, done); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketExpiry).Put(expiryKey(done), nil)
+}
+
+// answer is what RunOnceTx returns for a key whose record stands.
+func answer[R any](store *idem.Store[R], rec backend.Record, fp idem.Fingerprint) (_ R, _ error, replayed bool) {
+	var zero R
+	switch {
+	case rec.Fingerprint != fp:
+		return zero, idem.ErrPayloadMismatch, false
+	case rec.State == backend.StateCompleted:
+		val, err := store.Decode(rec)
+		return val, err, true
+	case rec.State == backend.StatePending:
+		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress), false
+	}
+	return zero, idem.ErrOutcomeUnknown, false
+}
+
+// txToken returns a token unique to one transaction's record.
+func txToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return "tx-" + hex.EncodeToString(b[:])
+}

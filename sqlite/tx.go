@@ -1,0 +1,170 @@
+package sqlite
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/txrun"
+)
+
+// RunOnceTx is the transactional mode, the second seed article's
+// charge_once: it runs fn at most once for key, with the key's record, fn's
+// own writes (through tx) and the outcome committed in one SQLite
+// transaction. A crash, an error from fn or a panic rolls all of it back, so
+// there is never a key without its writes, nor writes without their key,
+// and the key is free for the next call rather than interrupted. Only a
+// success, or an error marked idem.Final, commits (a final error commits
+// the key and its error, but rolls fn's writes back).
+//
+// A duplicate in this process waits for the first call's outcome, as with
+// RunOnce (idem.Store.BeginLocal); one in another process waits on
+// SQLite's write lock until the first transaction ends, then replays its
+// outcome, or runs fn itself if the first rolled back. A key reused with
+// another payload is idem.ErrPayloadMismatch; a key held by an ordinary,
+// non-transactional RunOnce is idem.ErrInProgress or, if its lease lapsed,
+// idem.ErrOutcomeUnknown.
+//
+// SQLite has one writer: the transaction holds the database's write lock
+// from its first statement until it commits, so every other write, in this
+// process or another, waits for fn. Keep fn to the database work; call
+// remote services before or after, not inside. fn and the transaction run
+// under a context that keeps ctx's values but not its cancellation,
+// bounded by the store's ExecutionTimeout. The caller waits under its own
+// ctx: if ctx ends first, RunOnceTx returns an error that matches both
+// idem.ErrInProgress and ctx.Err(), and the transaction goes on for the
+// duplicates waiting on it.
+//
+// store supplies the fingerprint, codec and TTL; its Backend must be a
+// *Backend, whose table holds the key. fn must do its writes through tx,
+// and must not commit or roll it back.
+func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *sql.Tx) (R, error)) (R, error) {
+	var zero R
+	opts := store.Options()
+	b, ok := opts.Backend.(*Backend)
+	switch {
+	case !ok:
+		return zero, fmt.Errorf("sqlite: RunOnceTx needs a store whose Backend is a *sqlite.Backend, not %T", opts.Backend)
+	case fn == nil:
+		return zero, errors.New("sqlite: RunOnceTx with a nil fn")
+	}
+	t, err := store.BeginLocal(ctx, key, payload)
+	if err != nil {
+		return zero, err
+	}
+	if val, err, ok := t.Replayed(); ok {
+		return val, err
+	}
+	fp, err := opts.Fingerprint(payload)
+	if err != nil {
+		t.Release()
+		return zero, err
+	}
+	return txrun.Do(ctx, t, func(ctx context.Context) (R, error) {
+		val, err, replayed := runOnceTx(ctx, store, b, key, fp, fn)
+		if replayed { // another process committed it: a replay, not an execution
+			return t.FinishReplayed(val, err)
+		}
+		return val, err
+	})
+}
+
+// runOnceTx claims key in a transaction and, if it won the claim, runs fn
+// in it; otherwise it answers from the record that stands (replayed, for a
+// recorded outcome).
+func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, *sql.Tx) (R, error)) (_ R, _ error, replayed bool) {
+	var zero R
+	if err := b.lock(ctx); err != nil {
+		return zero, err, false
+	}
+	defer b.unlock()
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return zero, &idem.BackendError{Op: "claim", Err: closedErr(err)}, false
+	}
+	defer tx.Rollback() // a no-op once committed
+
+	// No lease: the claim is never seen outside this transaction, and it
+	// commits with its outcome or not at all. The claim is the first
+	// statement, and writes, so the transaction holds the write lock from
+	// here to its end.
+	now := store.Options().Now()
+	claim := backend.Record{Key: key, Fingerprint: fp, Token: txToken(), State: backend.StatePending, CreatedAt: now}
+	rec, won, err := claimIn(ctx, tx, b.q, key, fp, claim.Token, now, time.Time{})
+	switch {
+	case err != nil:
+		return zero, &idem.BackendError{Op: "claim", Err: closedErr(err)}, false
+	case won:
+		val, err := runTx(ctx, store, b, tx, claim, fn)
+		return val, err, false
+	}
+	rec, _ = rec.SeenAt(now)
+	switch {
+	case rec.Fingerprint != fp:
+		return zero, idem.ErrPayloadMismatch, false
+	case rec.State == backend.StateCompleted:
+		val, err := store.Decode(rec)
+		return val, err, true
+	case rec.State == backend.StatePending:
+		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress), false
+	}
+	return zero, idem.ErrOutcomeUnknown, false
+}
+
+// runTx runs fn in a savepoint of tx, which holds the new claim, and commits
+// the outcome, or rolls everything back.
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql.Tx, claim backend.Record, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
+	opts := store.Options()
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT idem_fn`); err != nil {
+		return val, &idem.BackendError{Op: "claim", Err: closedErr(err)}
+	}
+	// A panic in fn goes up to Ticket.Do, which reports it; the deferred
+	// rollback takes the key and fn's writes away, as for an error.
+	val, err = fn(ctx, tx)
+	if err != nil && !idem.IsFinal(err) {
+		return val, err
+	}
+	if err != nil { // final: keep the key and the error, not fn's writes
+		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO idem_fn`); rerr != nil {
+			return val, errors.Join(err, rerr)
+		}
+	}
+	if _, rerr := tx.ExecContext(ctx, `RELEASE idem_fn`); rerr != nil {
+		return val, errors.Join(err, rerr)
+	}
+	done := claim
+	if eerr := store.Encode(&done, val, err); eerr != nil {
+		return val, errors.Join(err, eerr)
+	}
+	if _, cerr := tx.ExecContext(ctx, b.q.complete, done.Key, done.Token, opts.Now().Add(opts.TTL).UnixNano(), done.Value, done.Failed, done.ErrMsg); cerr != nil {
+		return val, errors.Join(err, closedErr(cerr))
+	}
+	if cerr := tx.Commit(); cerr != nil && !committed(ctx, b, opts, done) {
+		return val, errors.Join(err, fmt.Errorf("sqlite: committing: %w", closedErr(cerr)))
+	}
+	return val, err
+}
+
+// committed reports whether a transaction whose COMMIT returned an error
+// took effect after all: an I/O error can come after the log was written.
+// The claim's token, unique to the transaction, tells whether its outcome
+// is in the table.
+func committed(ctx context.Context, b *Backend, opts idem.Options, done backend.Record) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
+	defer cancel()
+	rec, ok, err := scanOne(b.db.QueryContext(ctx, b.q.get, done.Key))
+	return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
+}
+
+// txToken returns a token unique to one transaction's claim.
+func txToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return "tx-" + hex.EncodeToString(b[:])
+}

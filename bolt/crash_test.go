@@ -11,10 +11,12 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/seed094d4201/idem"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // The crash tests re-execute this test binary as a child process that claims
@@ -43,6 +45,23 @@ func crashChild() {
 		testHookBeforeComplete = stop
 	}
 	s := idem.New[string](idem.Options{Backend: b})
+	if stopAt == "in-tx" { // inside RunOnceTx, after fn's write
+		err := b.Update(context.Background(), func(tx *bbolt.Tx) error {
+			_, err := tx.CreateBucketIfNotExists(moves)
+			return err
+		})
+		if err == nil {
+			_, err = RunOnceTx(context.Background(), s, "k", "charge order 101", func(ctx context.Context, tx *bbolt.Tx) (string, error) {
+				if err := tx.Bucket(moves).Put([]byte("k"), []byte("charged")); err != nil {
+					return "", err
+				}
+				stop()
+				return "charged", nil
+			})
+		}
+		fmt.Fprintln(os.Stderr, "child: not killed in RunOnceTx, err:", err)
+		os.Exit(3)
+	}
 	_, err = s.RunOnce(context.Background(), "k", "charge order 101", func(context.Context) (string, error) {
 		if stopAt == "in-fn" {
 			stop()
@@ -123,4 +142,30 @@ func TestCrashWithRetryInterruptedRunsOnce(t *testing.T) {
 		assert.Equal(t, "charged", v)
 	}
 	assert.Equal(t, int32(1), calls.Load())
+}
+
+// A process killed inside RunOnceTx, after fn wrote, leaves neither the
+// write nor the key: the key is free, not interrupted, and the next call
+// runs.
+func TestCrashInsideRunOnceTxLeavesNeither(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	crashAt(t, path, "in-tx")
+	b, err := Open(path, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	assert.Zero(t, b.Interrupted(), "no claim was on disk")
+	_, found, err := b.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	assert.False(t, found, "the key is free")
+	require.NoError(t, b.View(context.Background(), func(tx *bbolt.Tx) error {
+		assert.Nil(t, tx.Bucket(moves).Get([]byte("k")), "fn's write is gone")
+		return nil
+	}))
+	s := idem.New[string](idem.Options{Backend: b})
+	defer s.Close()
+	v, err := RunOnceTx(context.Background(), s, "k", "charge order 101", func(ctx context.Context, tx *bbolt.Tx) (string, error) {
+		return "charged", tx.Bucket(moves).Put([]byte("k"), []byte("charged"))
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "charged", v)
 }

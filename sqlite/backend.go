@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/seed094d4201/idem"
@@ -63,6 +64,9 @@ type Backend struct {
 	// handler, which sleeps in steps of up to 100 ms. Writes from other
 	// processes still meet in the busy handler.
 	write chan struct{}
+
+	mu    sync.Mutex
+	stmts map[string]*sql.Stmt // guarded by mu; statements prepared so far, by their SQL
 }
 
 var _ backend.Lister = (*Backend)(nil)
@@ -80,7 +84,7 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 	if table == "" {
 		table = "idem_keys"
 	}
-	b := &Backend{db: db, table: table, q: newQueries(quote(table)), write: make(chan struct{}, 1)}
+	b := &Backend{db: db, table: table, q: newQueries(quote(table)), write: make(chan struct{}, 1), stmts: map[string]*sql.Stmt{}}
 	var busy int64
 	if err := db.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
 		return nil, fmt.Errorf("sqlite: %w", closedErr(err))
@@ -174,6 +178,45 @@ func nanos(t time.Time) any {
 	return t.UnixNano()
 }
 
+// prepared returns query prepared on b's database, preparing it on first
+// use: the driver parses SQL in transpiled C, and a replay's one SELECT
+// costs several times more parsed afresh than prepared. A failed prepare
+// (the table is not there yet) is tried again next time.
+func (b *Backend) prepared(ctx context.Context, query string) (*sql.Stmt, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st, ok := b.stmts[query]; ok {
+		return st, nil
+	}
+	st, err := b.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, closedErr(err)
+	}
+	b.stmts[query] = st
+	return st, nil
+}
+
+// query runs a prepared query, in tx if it is not nil.
+func (b *Backend) query(ctx context.Context, tx *sql.Tx, query string, args ...any) (*sql.Rows, error) {
+	st, err := b.prepared(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if tx != nil {
+		st = tx.StmtContext(ctx, st)
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// execIn runs a prepared writing statement in tx.
+func (b *Backend) execIn(ctx context.Context, tx *sql.Tx, query string, args ...any) error {
+	st, err := b.prepared(ctx, query)
+	if err == nil {
+		_, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return closedErr(err)
+}
+
 // lock takes the write semaphore, or gives up when ctx ends.
 func (b *Backend) lock(ctx context.Context) error {
 	select {
@@ -193,7 +236,11 @@ func (b *Backend) exec(ctx context.Context, query string, args ...any) (int64, e
 		return 0, err
 	}
 	defer b.unlock()
-	res, err := b.db.ExecContext(ctx, query, args...)
+	st, err := b.prepared(ctx, query)
+	if err != nil {
+		return 0, err
+	}
+	res, err := st.ExecContext(ctx, args...)
 	if err != nil {
 		return 0, closedErr(err)
 	}
@@ -244,7 +291,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 	won := false
 	err := b.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		got, won, err = claimIn(ctx, tx, b.q, rec.Key, rec.Fingerprint, rec.Token, now, leaseUntil)
+		got, won, err = b.claimIn(ctx, tx, rec.Key, rec.Fingerprint, rec.Token, now, leaseUntil)
 		return err
 	})
 	if err != nil {
@@ -259,13 +306,13 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 // claimIn claims key inside tx, whose first statement this is, or returns
 // the record that stands. Under the write lock nothing else changes the
 // table between its statements.
-func claimIn(ctx context.Context, tx *sql.Tx, q queries, key string, fp [32]byte, token string, now, leaseUntil time.Time) (backend.Record, bool, error) {
+func (b *Backend) claimIn(ctx context.Context, tx *sql.Tx, key string, fp [32]byte, token string, now, leaseUntil time.Time) (backend.Record, bool, error) {
 	args := []any{key, fp[:], token, now.UnixNano(), nanos(leaseUntil)}
-	rec, found, err := scanOne(tx.QueryContext(ctx, q.claim, args...))
+	rec, found, err := scanOne(b.query(ctx, tx, b.q.claim, args...))
 	if err != nil || found {
 		return rec, found, err
 	}
-	if rec, found, err = scanOne(tx.QueryContext(ctx, q.get, key)); err != nil {
+	if rec, found, err = scanOne(b.query(ctx, tx, b.q.get, key)); err != nil {
 		return backend.Record{}, false, err
 	}
 	if !found {
@@ -274,7 +321,7 @@ func claimIn(ctx context.Context, tx *sql.Tx, q queries, key string, fp [32]byte
 	if !rec.Expired(now) {
 		return rec, false, nil
 	}
-	rec, found, err = scanOne(tx.QueryContext(ctx, q.takeOver, args...))
+	rec, found, err = scanOne(b.query(ctx, tx, b.q.takeOver, args...))
 	if err == nil && !found {
 		err = fmt.Errorf("sqlite: key %q: an expired record could not be taken over", key)
 	}
@@ -298,7 +345,14 @@ func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, l
 }
 
 func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
-	rec, found, err := scanOne(b.db.QueryContext(ctx, b.q.get, key))
+	if err := ctx.Err(); err != nil {
+		return backend.Record{}, false, err
+	}
+	// One read of one row, which never waits for a lock in WAL mode: not
+	// worth the goroutines that database/sql and the driver start to
+	// watch a ctx that can end, which cost more than the read itself.
+	ctx = context.WithoutCancel(ctx)
+	rec, found, err := scanOne(b.query(ctx, nil, b.q.get, key))
 	if err != nil || !found {
 		return backend.Record{}, false, closedErr(err)
 	}

@@ -96,7 +96,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	// here to its end.
 	now := store.Options().Now()
 	claim := backend.Record{Key: key, Fingerprint: fp, Token: txToken(), State: backend.StatePending, CreatedAt: now}
-	rec, won, err := claimIn(ctx, tx, b.q, key, fp, claim.Token, now, time.Time{})
+	rec, won, err := b.claimIn(ctx, tx, key, fp, claim.Token, now, time.Time{})
 	switch {
 	case err != nil:
 		return zero, &idem.BackendError{Op: "claim", Err: closedErr(err)}, false
@@ -142,8 +142,8 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 	if eerr := store.Encode(&done, val, err); eerr != nil {
 		return val, errors.Join(err, eerr)
 	}
-	if _, cerr := tx.ExecContext(ctx, b.q.complete, done.Key, done.Token, opts.Now().Add(opts.TTL).UnixNano(), done.Value, done.Failed, done.ErrMsg); cerr != nil {
-		return val, errors.Join(err, closedErr(cerr))
+	if cerr := b.execIn(ctx, tx, b.q.complete, done.Key, done.Token, opts.Now().Add(opts.TTL).UnixNano(), done.Value, done.Failed, done.ErrMsg); cerr != nil {
+		return val, errors.Join(err, cerr)
 	}
 	if cerr := tx.Commit(); cerr != nil && !committed(ctx, b, opts, done) {
 		return val, errors.Join(err, fmt.Errorf("sqlite: committing: %w", closedErr(cerr)))
@@ -158,7 +158,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 func committed(ctx context.Context, b *Backend, opts idem.Options, done backend.Record) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
 	defer cancel()
-	rec, ok, err := scanOne(b.db.QueryContext(ctx, b.q.get, done.Key))
+	rec, ok, err := scanOne(b.query(ctx, nil, b.q.get, done.Key))
 	return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
 }
 

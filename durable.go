@@ -138,7 +138,7 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim backend.Record) (back
 		s.releaseLater(claim.Key, claim.Token)
 		return backend.Record{}, false, &BackendError{Op: "claim", Err: errors.New("the claim's lease lapsed before its reply arrived")}
 	}
-	if errors.Is(err, ErrClosed) { // refused outright: nothing was written
+	if refused(err) { // nothing was written
 		return backend.Record{}, false, &BackendError{Op: "claim", Err: err}
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.SettleTimeout)

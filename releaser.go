@@ -73,7 +73,7 @@ func (r *releaser) run(s releaseRunner) {
 			err := s.tryRelease(c.key, c.token)
 			r.mu.Lock()
 			switch {
-			case err == nil, errors.Is(err, ErrClosed):
+			case err == nil, refused(err):
 				delete(r.pending, c)
 			case errors.Is(err, backend.ErrNotOwner) && time.Now().After(r.pending[c]):
 				delete(r.pending, c) // it never landed, or was settled otherwise

@@ -81,7 +81,7 @@ func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrClosed) {
+		if refused(err) {
 			return err
 		}
 		rec, found, gerr := s.opts.Backend.Get(ctx, key, s.opts.Now())
@@ -142,4 +142,10 @@ func (s *Store[R]) completeLater(done backend.Record) {
 			}
 		}
 	})
+}
+
+// refused reports whether err is a Backend's refusal of a call it did not
+// carry out: there is nothing to read back, and trying again is no use.
+func refused(err error) bool {
+	return errors.Is(err, ErrClosed) || errors.Is(err, backend.ErrRefused)
 }

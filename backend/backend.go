@@ -23,6 +23,12 @@ var (
 
 	// ErrClosed is returned by a Backend's methods once it is closed.
 	ErrClosed = errors.New("idem: store is closed")
+
+	// ErrRefused is matched by the error of a call that a Backend refused
+	// before it wrote or sent anything, and would refuse again: one opened
+	// read-only, or called from inside its own transaction. The Store then
+	// neither tries the write again nor reads it back, as for ErrClosed.
+	ErrRefused = errors.New("idem: the backend refused the call")
 )
 
 // RecordState is where a key's durable record stands.

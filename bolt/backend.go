@@ -301,7 +301,7 @@ func (b *Backend) read(ctx context.Context, fn func(*bbolt.Tx) error) error {
 		return err
 	}
 	if ctx.Value(inTx{}) == b {
-		return errNested
+		return refusal{errNested}
 	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()

@@ -33,34 +33,24 @@ func (r rollback) Unwrap() error { return r.err }
 var errRolledBack = errors.New("bolt: an operation rolled its transaction back")
 
 // committer is the one goroutine that writes. It takes the first request
-// waiting, then every other one already queued (up to maxBatch), runs them all
-// in one transaction and commits it with one fsync. A lone caller pays one
-// commit and no delay; callers that arrive while a commit is under way share
-// the next one. It returns when reqs is closed and drained.
+// waiting, runs it in a transaction, and keeps taking every request that is
+// queued by the time it has run the ones before (up to maxBatch), then
+// commits them all with one fsync. A lone caller pays one commit and no
+// delay; callers that arrive while a transaction is being built or
+// committed share the next commit. It returns when reqs is closed and
+// drained.
 func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- struct{}) {
 	defer close(exited)
 	batch := make([]*request, 0, maxBatch)
 	results := make([]error, 0, maxBatch)
 	for first := range reqs {
 		batch = append(batch[:0], first)
-	gather:
-		for len(batch) < maxBatch {
-			select {
-			case r, ok := <-reqs:
-				if !ok {
-					break gather
-				}
-				batch = append(batch, r)
-			default:
-				break gather
-			}
-		}
 		for len(batch) > 0 {
-			results = results[:len(batch)]
+			results = results[:0]
 			failed := -1
 			err := update(db, func(tx *bbolt.Tx) error {
-				for i, r := range batch {
-					results[i] = r.op(tx)
+				for i := 0; i < len(batch) || gather(reqs, &batch, maxBatch); i++ {
+					results = append(results, batch[i].op(tx))
 					if _, ok := results[i].(rollback); ok {
 						failed = i
 						return errRolledBack
@@ -84,6 +74,24 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 			batch = batch[:0]
 		}
 	}
+}
+
+// gather appends the requests already queued to batch, up to max, without
+// waiting, and reports whether it added any.
+func gather(reqs <-chan *request, batch *[]*request, max int) bool {
+	n := len(*batch)
+	for len(*batch) < max {
+		select {
+		case r, ok := <-reqs:
+			if !ok {
+				return len(*batch) > n
+			}
+			*batch = append(*batch, r)
+		default:
+			return len(*batch) > n
+		}
+	}
+	return len(*batch) > n
 }
 
 // update is db.Update made safe against a damaged file: bbolt reads pages

@@ -95,12 +95,8 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 	if opts.NoMigrate {
 		return b, nil
 	}
-	var mode string
-	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode=WAL`).Scan(&mode); err != nil {
-		return nil, fmt.Errorf("sqlite: setting WAL mode: %w", closedErr(err))
-	}
-	if !strings.EqualFold(mode, "wal") && !strings.EqualFold(mode, "memory") {
-		return nil, fmt.Errorf("sqlite: the database stays in journal mode %q, not WAL", mode)
+	if err := setWAL(ctx, db); err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
 	}
 	// In a transaction whose first statement writes, so that it holds the
 	// write lock from the start: processes starting together take turns,

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"net/url"
@@ -16,11 +17,10 @@ import (
 const BusyTimeout = 10 * time.Second
 
 // Open opens, or creates, the SQLite database at path with the pure-Go
-// driver modernc.org/sqlite, set up as a Backend needs it. Every
-// connection gets:
+// driver modernc.org/sqlite, set up as a Backend needs it. The file is
+// put in WAL mode, which it keeps: readers never block the writer nor each
+// other, and a commit is one append to the log. Every connection gets:
 //
-//   - journal_mode=WAL: readers never block the writer nor each other, and
-//     a commit is one append to the log;
 //   - synchronous=FULL: the log is fsynced at every commit, so an outcome
 //     that RunOnce answered survives a power cut, not just a crash;
 //   - busy_timeout of BusyTimeout: a writer waits for another's lock rather
@@ -36,16 +36,54 @@ const BusyTimeout = 10 * time.Second
 // pass it to New.
 func Open(path string) (*sql.DB, error) {
 	q := url.Values{}
-	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
 	q.Add("_pragma", "foreign_keys(ON)")
 	q.Set("_txlock", "immediate")
 	db, err := sql.Open("sqlite", "file:"+uriPath.Replace(path)+"?"+q.Encode())
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), BusyTimeout)
+		defer cancel()
+		if err = setWAL(ctx, db); err != nil {
+			db.Close()
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// setWAL puts the database in WAL mode, which the file then keeps. Not in
+// the DSN: a new file starts in rollback mode, and when several processes
+// switch it at once SQLite refuses all but one at once with SQLITE_BUSY,
+// without calling the busy handler (a lock upgrade that could deadlock).
+// So the switch is tried again, with a backoff, until ctx ends.
+func setWAL(ctx context.Context, db *sql.DB) error {
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		var mode string
+		err := db.QueryRowContext(ctx, `PRAGMA journal_mode=WAL`).Scan(&mode)
+		switch {
+		case err == nil && (strings.EqualFold(mode, "wal") || strings.EqualFold(mode, "memory")):
+			return nil
+		case err == nil:
+			return fmt.Errorf("the database stays in journal mode %q, not WAL", mode)
+		case !busy(err):
+			return closedErr(err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("setting WAL mode: %w (%w)", err, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
+
+// busy reports whether err is SQLite's "database is locked", whatever the
+// driver.
+func busy(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "database is locked") || strings.Contains(msg, "SQLITE_BUSY")
 }
 
 // uriPath escapes what would end a path in a file: URI early, or be read

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"runtime"
 	"slices"
 
 	bbolt "go.etcd.io/bbolt"
@@ -49,7 +50,7 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 			results = results[:0]
 			failed := -1
 			err := update(db, func(tx *bbolt.Tx) error {
-				for i := 0; i < len(batch) || gather(reqs, &batch, maxBatch); i++ {
+				for i := 0; i < len(batch) || gather(reqs, &batch, maxBatch) || yieldAndGather(reqs, &batch, maxBatch); i++ {
 					results = append(results, batch[i].op(tx))
 					if _, ok := results[i].(rollback); ok {
 						failed = i
@@ -74,6 +75,15 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 			batch = batch[:0]
 		}
 	}
+}
+
+// yieldAndGather lets the goroutines that are ready run before it gathers:
+// the callers the last commit woke are about to send their next requests,
+// and without a yield they miss this commit by a few microseconds and
+// cost one of their own.
+func yieldAndGather(reqs <-chan *request, batch *[]*request, max int) bool {
+	runtime.Gosched()
+	return gather(reqs, batch, max)
 }
 
 // gather appends the requests already queued to batch, up to max, without

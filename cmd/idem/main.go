@@ -41,17 +41,17 @@ usage:
                                             and every record
   idem help                                 this text
 
-WHERE is a bolt file, a postgres:// DSN or a redis:// URL. Flags may come
+WHERE is a bolt file, sqlite:FILE, a postgres:// DSN or a redis:// URL. Flags may come
 before or after the command and its arguments; after -- every argument is
 taken as it is (for a key that starts with "-"):
-  -name NAME    the PostgreSQL table or Redis key prefix, if not the default
-                (idem_keys; no prefix)
+  -name NAME    the PostgreSQL or SQLite table or Redis key prefix, if not
+                the default (idem_keys; no prefix)
   -scope S      KEY is an Idempotency-Key that idemhttp stored for the client
                 scope S (its store key is idemhttp.StoreKey(S, KEY))
   -state S      inspect only the keys in state S: pending, interrupted, completed
   -json         inspect and show print JSON
   -timeout D    bound on the whole command, network calls included (default 30s)
-inspect, show and check never write: a bolt file is opened read-only.
+inspect, show and check never write: a bolt or SQLite file is opened read-only.
 
 exit status: 0 done, 1 failed, 2 misused, 3 no such key
 `

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
+	"github.com/seed094d4201/idem/sqlite"
 )
 
 // A target is the backend a command works on, whatever it is.
@@ -29,7 +31,7 @@ type quiet struct{}
 func (quiet) Printf(context.Context, string, ...any) {}
 
 // openTarget opens where: a postgres:// or postgresql:// DSN, a redis://
-// URL, or else a bolt file, read-only if readOnly. name is the table
+// URL, sqlite:PATH for a SQLite file, or else a bolt file, read-only if readOnly. name is the table
 // (postgres) or key prefix (redis); empty means the backend's default. It
 // returns a func that closes what it opened. ctx bounds the connection.
 func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Writer) (target, func(), error) {
@@ -72,6 +74,9 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 		}
 		return redis.New(rdb, redis.Options{Prefix: name}), func() { rdb.Close() }, nil
 	}
+	if path, ok := strings.CutPrefix(where, "sqlite:"); ok {
+		return openSQLite(ctx, path, name, readOnly)
+	}
 	// bolt.Open would create a missing file; an operator means an existing one.
 	if _, err := os.Stat(where); err != nil {
 		return nil, nil, err
@@ -87,6 +92,34 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 		fmt.Fprintf(w, "note: %d key(s) were left in flight by a process that stopped; they are now interrupted\n", n)
 	}
 	return b, func() { b.Close() }, nil
+}
+
+// openSQLite opens the SQLite file at path, which must exist, read-only if
+// readOnly; its table must exist too.
+func openSQLite(ctx context.Context, path, name string, readOnly bool) (target, func(), error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, nil, err
+	}
+	var db *sql.DB
+	var err error
+	if readOnly {
+		q := url.Values{}
+		q.Set("mode", "ro")
+		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqlite.BusyTimeout.Milliseconds()))
+		db, err = sql.Open("sqlite", (&url.URL{Scheme: "file", Opaque: path, RawQuery: q.Encode()}).String())
+	} else {
+		db, err = sqlite.Open(path)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	// NoMigrate: an operator's tool never creates tables.
+	b, err := sqlite.New(ctx, db, sqlite.Options{Table: name, NoMigrate: true})
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return b, func() { db.Close() }, nil
 }
 
 // display returns where as it may be shown: a URL's password, in its user
@@ -111,7 +144,7 @@ func display(where string) string {
 // explain adds the next step to errors an operator can act on.
 func explain(err error, name string) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" || err != nil && strings.Contains(err.Error(), "no such table") { // undefined_table
 		table := name
 		if table == "" {
 			table = "idem_keys"

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
+	"github.com/seed094d4201/idem/sqlite"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -24,6 +26,7 @@ func TestSharedBackends(t *testing.T) {
 	ctx := context.Background()
 	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	dead := backend.Record{Key: "order-103", Token: "dead", State: backend.StatePending}
+	sqlitePath := filepath.Join(t.TempDir(), "shop.db")
 	for _, tc := range []struct {
 		name, where, table string
 		backend            func(t *testing.T) backend.Backend
@@ -42,13 +45,25 @@ func TestSharedBackends(t *testing.T) {
 			t.Cleanup(func() { rdb.Close() })
 			return redis.New(rdb, redis.Options{Prefix: "idemcli:" + suffix + ":"})
 		}},
+		{"sqlite", "sqlite:" + sqlitePath, "idem_cli", func(t *testing.T) backend.Backend {
+			db, err := sqlite.Open(sqlitePath)
+			require.NoError(t, err)
+			t.Cleanup(func() { db.Close() })
+			b, err := sqlite.New(ctx, db, sqlite.Options{Table: "idem_cli"})
+			require.NoError(t, err)
+			return b
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.where == "" || tc.where == "redis://" {
 				t.Skipf("the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_REDIS_ADDR)", tc.name)
 			}
 			b := tc.backend(t)
-			_, _, err := b.Claim(ctx, dead, time.Now(), time.Millisecond)
+			claimAt := time.Now()
+			if tc.name == "sqlite" { // judged by the command's clock, not a server's
+				claimAt = now.Add(-time.Minute)
+			}
+			_, _, err := b.Claim(ctx, dead, claimAt, time.Millisecond)
 			require.NoError(t, err)
 			for deadline := time.Now().Add(10 * time.Second); ; { // until the lease lapses by the server's clock
 				rec, _, err := b.Get(ctx, dead.Key, time.Now())
@@ -71,7 +86,7 @@ func TestSharedBackends(t *testing.T) {
 
 			// Killed again, and this time it did happen: resolve it as a
 			// final error, which a late duplicate replays.
-			_, _, err = b.Claim(ctx, dead, time.Now(), time.Millisecond)
+			_, _, err = b.Claim(ctx, dead, claimAt, time.Millisecond)
 			require.NoError(t, err)
 			for deadline := time.Now().Add(10 * time.Second); ; {
 				rec, _, err := b.Get(ctx, dead.Key, time.Now())

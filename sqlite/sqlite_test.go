@@ -80,3 +80,51 @@ func TestSchemaFileMatchesNew(t *testing.T) {
 	}
 	assert.Equal(t, normalize(Schema), normalize(createSQL(`"idem_keys"`, `"idem_keys_expiry"`)))
 }
+
+// Open sets up every connection as its doc says: WAL, fsync at every
+// commit, the busy timeout, foreign keys.
+func TestOpenSettings(t *testing.T) {
+	db, _ := openTemp(t)
+	db.SetMaxOpenConns(3)
+	conns := make([]*sql.Conn, 3) // held at once, so that each is a new connection
+	for i := range conns {
+		c, err := db.Conn(context.Background())
+		require.NoError(t, err)
+		defer c.Close()
+		conns[i] = c
+	}
+	for _, c := range conns {
+		for pragma, want := range map[string]string{"journal_mode": "wal", "synchronous": "2", "busy_timeout": "10000", "foreign_keys": "1"} {
+			var got string
+			require.NoError(t, c.QueryRowContext(context.Background(), "PRAGMA "+pragma).Scan(&got))
+			assert.Equal(t, want, got, pragma)
+		}
+	}
+}
+
+// New refuses a database without a busy timeout, and a nil one.
+func TestNewRefusesWhatWouldFail(t *testing.T) {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "bare.db"))
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = New(context.Background(), db, Options{})
+	assert.ErrorContains(t, err, "busy timeout")
+	_, err = New(context.Background(), nil, Options{})
+	assert.Error(t, err)
+}
+
+// Open's transactions take the write lock as they begin (_txlock=immediate),
+// before their first write.
+func TestOpenBeginsImmediate(t *testing.T) {
+	db, path := openTemp(t)
+	_, err := db.Exec(`CREATE TABLE t (x)`)
+	require.NoError(t, err)
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	other, err := sql.Open("sqlite", "file:"+path) // no busy timeout: fails at once
+	require.NoError(t, err)
+	defer other.Close()
+	_, err = other.Exec(`INSERT INTO t VALUES (1)`)
+	assert.ErrorContains(t, err, "locked", "the open transaction, which wrote nothing, holds the write lock")
+}

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -95,20 +97,37 @@ func killLoop(t *testing.T, kind string, events, kills int) {
 		}
 		require.NoError(t, wk.stop())
 	}
-	t.Logf("%s: %d events, %d deliveries of acked events, %d kills (%d with an event in flight)", kind, events, duplicates, killed, midEvent)
-
+	twice := 0
 	for i, n := range applied {
-		assert.LessOrEqual(t, n, 1, "event %s was reported applied %d times", evs[i].ID, n)
+		if !assert.LessOrEqual(t, n, 1, "event %s was reported applied %d times", evs[i].ID, n) {
+			twice++
+		}
 	}
 	stock, err := openStock(kind, path, nil)
 	require.NoError(t, err)
 	defer stock.Close()
 	levels, err := stock.Levels(context.Background())
 	require.NoError(t, err)
+	wrong := 0
+	for item, n := range want {
+		if levels[item] != n {
+			wrong++
+		}
+	}
 	assert.Equal(t, want, levels, "the final stock is the seed plus the sum of the distinct events")
 	done, err := stock.Done(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, events, done, "one done note per event")
+
+	line := fmt.Sprintf("worker kill loop (%s): %d events, %d deliveries of acked events, %d kills (%d with an event in flight); events applied twice: %d, items with a wrong stock: %d, done notes: %d",
+		kind, events, duplicates, killed, midEvent, twice, wrong, done)
+	t.Log(line)
+	if report := os.Getenv("IDEM_KILLLOOP_REPORT"); report != "" { // .ci/run prints it
+		f, err := os.OpenFile(report, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		require.NoError(t, err)
+		_, err = fmt.Fprintln(f, line)
+		require.NoError(t, errors.Join(err, f.Close()))
+	}
 }
 
 // ackedAt returns a random acked event.

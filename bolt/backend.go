@@ -46,6 +46,12 @@ var (
 	// ErrReadOnly is returned by every write of a Backend opened with
 	// Options.ReadOnly.
 	ErrReadOnly = errors.New("bolt: database opened read-only")
+
+	// ErrTooLarge is returned when a record would be larger than
+	// MaxRecordSize (an outcome whose encoded result is that large): it is
+	// not written, and in RunOnceTx the caller's writes are rolled back
+	// with it.
+	ErrTooLarge = errors.New("bolt: record too large")
 )
 
 var (
@@ -570,10 +576,15 @@ func decode(key, v []byte) (backend.Record, error) {
 	return rec, nil
 }
 
+// put writes rec, unless it is larger than MaxRecordSize: a record that
+// size would read as damage, and the file would no longer open.
 func put(records *bbolt.Bucket, rec backend.Record) error {
 	enc, err := rec.MarshalBinary()
 	if err != nil {
 		return err
+	}
+	if n := len(rec.Key) + len(enc); n > MaxRecordSize {
+		return refusal{fmt.Errorf("%w: key %q: a record of %d bytes, more than %d", ErrTooLarge, rec.Key, n, MaxRecordSize)}
 	}
 	return records.Put([]byte(rec.Key), enc)
 }

@@ -3,9 +3,8 @@ package bolt
 import (
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"runtime"
-	"slices"
+	"runtime/debug"
 
 	bbolt "go.etcd.io/bbolt"
 )
@@ -44,13 +43,15 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 	defer close(exited)
 	batch := make([]*request, 0, maxBatch)
 	results := make([]error, 0, maxBatch)
+	var later []*request // after a rollback: the requests not yet run, for the next transaction
 	for first := range reqs {
 		batch = append(batch[:0], first)
+		open := true // whether the transaction may gather more requests
 		for len(batch) > 0 {
 			results = results[:0]
 			failed := -1
 			err := update(db, func(tx *bbolt.Tx) error {
-				for i := 0; i < len(batch) || gather(reqs, &batch, maxBatch) || yieldAndGather(reqs, &batch, maxBatch); i++ {
+				for i := 0; i < len(batch) || open && (gather(reqs, &batch, maxBatch) || yieldAndGather(reqs, &batch, maxBatch)); i++ {
 					results = append(results, batch[i].op(tx))
 					if _, ok := results[i].(rollback); ok {
 						failed = i
@@ -60,19 +61,28 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 				return nil
 			})
 			if failed >= 0 && errors.Is(err, errRolledBack) {
+				// Answer the one that failed; commit the ones that ran
+				// before it, as they are, in a transaction of their own;
+				// then the rest. So each op runs at most twice for the
+				// failures of others.
 				batch[failed].done <- results[failed].(rollback).err
-				batch = slices.Delete(batch, failed, failed+1)
-				continue // the others, again
-			}
-			for i, r := range batch {
-				if err != nil {
-					r.done <- err
-				} else {
-					r.done <- results[i]
+				later = append(later, batch[failed+1:]...)
+				clear(batch[failed:])
+				batch, open = batch[:failed], false
+				if len(batch) > 0 {
+					continue
 				}
-				batch[i] = nil
+			} else {
+				for i, r := range batch {
+					if err != nil {
+						r.done <- err
+					} else {
+						r.done <- results[i]
+					}
+				}
+				clear(batch)
 			}
-			batch = batch[:0]
+			batch, later, open = append(batch[:0], later...), later[:0], true
 		}
 	}
 }

@@ -26,8 +26,8 @@ type inTx struct{}
 // handoff lends the committer's transaction to the caller's goroutine, so
 // that the caller's fn runs there (its panics, its stack, its
 // runtime.Goexit), while the committer waits. The committer may lend the
-// same request a transaction more than once: when another request in its
-// group rolls back, it runs the rest again in a new one.
+// same request a transaction twice: when another request in its group
+// rolls back, it runs the ones before that again in a new one.
 type handoff struct {
 	txs  chan *bbolt.Tx // committer → caller: run in this transaction
 	back chan error     // caller → committer: nil to keep what was written, a rollback to undo it
@@ -119,14 +119,16 @@ func (r refusal) Unwrap() []error { return []error{r.reason, backend.ErrRefused}
 // own buckets beside idem's, and commits it with the writes of the Stores
 // that use b (one fsync for all). If fn returns an error or panics, its
 // writes are rolled back and Update returns that error (or the panic goes
-// on); the other writes of its group commit are retried without it, so an
-// fn may run more than once when another in its group fails: it must not
-// act outside tx.
+// on). bbolt cannot roll back part of a transaction: the writes that ran
+// before fn in its group commit run again in a transaction of their own,
+// so an fn may run twice when another in its group fails, and must not act
+// outside tx.
 //
 // Buckets whose names start with "idem." are idem's: fn must not create,
 // change or delete them (deleting one is refused, and rolled back). fn must
-// not call b, nor a Store over it, which would deadlock; such calls return
-// an error. While fn runs, every other write to the file waits.
+// not call b, nor a Store over it: as with bbolt's own Update inside
+// Update, the call would wait for the commit that waits for fn. While fn
+// runs, every other write to the file waits.
 func (b *Backend) Update(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 	if fn == nil {
 		return errors.New("bolt: Update with a nil fn")
@@ -163,21 +165,28 @@ func (b *Backend) View(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 //
 // The transaction is shared with the other writes waiting on the file
 // (group commit): many callers pay one fsync. bbolt cannot roll back part
-// of a transaction, so when fn fails, the whole one is rolled back and the
-// rest of its group runs again without it: an fn may then run a second
-// time, its first writes discarded. fn must therefore act only through tx;
-// call remote services before or after, not inside. While fn runs, every
-// other write to the file waits: keep it short.
+// of a transaction, so when an fn fails, the whole one is rolled back, and
+// the fns that ran before it in its group run again, in a transaction of
+// their own, their first writes discarded: an fn runs at most twice for
+// the failures of others. fn must therefore act only through tx; call
+// remote services before or after, not inside. While fn runs, every other
+// write to the file waits: keep it short. A result whose record would be
+// larger than MaxRecordSize is refused with ErrTooLarge, and fn's writes
+// are rolled back.
 //
 // fn runs under a context that keeps ctx's values but not its
 // cancellation, bounded by the store's ExecutionTimeout. The caller waits
 // under its own ctx: if ctx ends first, RunOnceTx returns an error that
 // matches both idem.ErrInProgress and ctx.Err(), and the transaction goes
-// on for the duplicates waiting on it. fn must not call
-// the Backend or a Store over it (such calls return an error), nor touch
-// idem's buckets (names starting with "idem."); open your own buckets in
-// tx. store supplies the fingerprint, codec and TTL; its Backend must be a
-// *Backend.
+// on for the duplicates waiting on it.
+//
+// fn must not touch idem's buckets (names starting with "idem."); open
+// your own buckets in tx. It must not call the Backend or a Store over it:
+// such a call, made with the ctx fn is given, is refused with an error
+// (one made with another ctx would wait for the commit that waits for fn,
+// for ever); and a RunOnce of fn's own key waits for itself, as with
+// RunOnce. store supplies the fingerprint, codec and TTL; its Backend must
+// be a *Backend.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *bbolt.Tx) (R, error)) (R, error) {
 	var zero R
 	opts := store.Options()
@@ -285,7 +294,7 @@ func recordFinal[R any](ctx context.Context, store *idem.Store[R], b *Backend, k
 	})
 	switch {
 	case err != nil:
-		return val, errors.Join(final, &idem.BackendError{Op: "complete", Err: err}), false
+		return val, txrun.Unrecorded(final, &idem.BackendError{Op: "complete", Err: err}), false
 	case standing != nil:
 		return answer(store, *standing, fp)
 	}

@@ -168,21 +168,21 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 	}
 	if err != nil { // final: keep the key and the error, not fn's writes
 		if rerr := savepoint.Rollback(ctx); rerr != nil {
-			return val, errors.Join(err, rerr)
+			return val, txrun.Unrecorded(err, rerr)
 		}
 	} else if cerr := savepoint.Commit(ctx); cerr != nil {
 		return val, cerr
 	}
 	done := claim
 	if eerr := store.Encode(&done, val, err); eerr != nil {
-		return val, errors.Join(err, eerr)
+		return val, txrun.Unrecorded(err, eerr)
 	}
 	var xid int64
 	if cerr := tx.QueryRow(ctx, b.q.completeTx, done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, done.ErrMsg).Scan(&xid); cerr != nil {
-		return val, errors.Join(err, cerr)
+		return val, txrun.Unrecorded(err, cerr)
 	}
 	if cerr := tx.Commit(ctx); cerr != nil && !committed(ctx, b, opts, xid, done) {
-		return val, errors.Join(err, fmt.Errorf("postgres: committing: %w", cerr))
+		return val, txrun.Unrecorded(err, fmt.Errorf("postgres: committing: %w", cerr))
 	}
 	return val, err
 }

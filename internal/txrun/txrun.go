@@ -26,9 +26,16 @@ func Do[R any](ctx context.Context, t *idem.Ticket[R], work func(context.Context
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		defer t.Release()
-		val, err := t.Do(work)
-		done <- outcome{val, err}
+		// Deferred, so that the caller hears even of a work that ended its
+		// goroutine (runtime.Goexit): Finish on a finished ticket returns
+		// the outcome it was settled with.
+		defer func() {
+			t.Release()
+			var zero R
+			val, err := t.Finish(zero, nil)
+			done <- outcome{val, err}
+		}()
+		t.Do(work)
 	}()
 	select {
 	case o := <-done:
@@ -37,4 +44,15 @@ func Do[R any](ctx context.Context, t *idem.Ticket[R], work func(context.Context
 		var zero R
 		return zero, fmt.Errorf("%w: %w", idem.ErrInProgress, ctx.Err())
 	}
+}
+
+// Unrecorded is the error of a transactional call whose outcome could not
+// be committed, so that nothing was: neither the key nor fn's writes. It
+// wraps cause and names what fn returned, but is never final, whatever fn
+// returned: the key is free, and the next call runs fn again.
+func Unrecorded(fnErr, cause error) error {
+	if fnErr == nil {
+		return cause
+	}
+	return fmt.Errorf("%w (fn's final error %q was not recorded: nothing was committed)", cause, fnErr.Error())
 }

@@ -51,7 +51,7 @@ func TestHostileBoltGoexitWithCancellableCtx(t *testing.T) {
 // damage, is refused when written: RunOnceTx rolls fn's writes back and
 // leaves the key free; a plain RunOnce, whose fn has run, keeps the key
 // claimed (NotRecordedError). The file opens again either way.
-func TestHostileBoltHugeResultBricksTheFile(t *testing.T) {
+func TestHostileBoltHugeResultIsRefused(t *testing.T) {
 	huge := strings.Repeat("x", MaxRecordSize+1)
 	for _, mode := range []string{"RunOnceTx", "RunOnce"} {
 		t.Run(mode, func(t *testing.T) {
@@ -87,9 +87,10 @@ func TestHostileBoltHugeResultBricksTheFile(t *testing.T) {
 	}
 }
 
-// As in package sqlite's test: a final error whose result the Codec cannot
-// encode is not recorded, yet the caller gets an error that IsFinal.
-func TestHostileBoltFinalNotRecordedIsReportedFinal(t *testing.T) {
+// A final error whose result the Codec cannot encode is not recorded, and
+// the caller's error says so without claiming to be final: the key is
+// free, and the next call runs fn again.
+func TestHostileBoltFinalNotCommittedIsNotFinal(t *testing.T) {
 	b, _ := openTemp(t, nil)
 	s := idem.New[float64](idem.Options{Backend: b})
 	defer s.Close()
@@ -176,13 +177,11 @@ func TestHostileBoltTwoStoresPlainAndTx(t *testing.T) {
 	assert.Equal(t, backend.StateCompleted, rec.State)
 }
 
-// One group commit of n RunOnceTx calls, every other one failing: each
-// failure rolls the whole transaction back and runs every op before it
-// again, so a succeeding fn runs once per failure after it in the group
-// (quadratic: 128 failures, up to 129 runs of one fn, all under the one
-// write lock). Rolling back only once per failure, and committing the ops
-// that ran before the failed one in the retry, would bound it at two runs.
-func TestHostileBoltGroupRetryIsQuadratic(t *testing.T) {
+// One group commit of n RunOnceTx calls, every other one failing: a
+// failure rolls the whole transaction back, and the ops before it commit
+// in a transaction of their own, so a succeeding fn runs at most twice
+// (it was once per failure after it: quadratic).
+func TestHostileBoltGroupRetryRunsEachFnAtMostTwice(t *testing.T) {
 	b, _ := openTemp(t, nil)
 	require.NoError(t, b.Update(context.Background(), func(tx *bbolt.Tx) error {
 		_, err := tx.CreateBucket(moves)

@@ -92,20 +92,35 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 	if busy <= 0 {
 		return nil, errors.New("sqlite: the database has no busy timeout, so a write that meets another's lock would fail at once: open it with sqlite.Open, or set busy_timeout in the driver's DSN")
 	}
-	if opts.NoMigrate {
-		return b, nil
+	var seq int
+	var schema, file string
+	if err := db.QueryRowContext(ctx, `PRAGMA database_list`).Scan(&seq, &schema, &file); err != nil {
+		return nil, fmt.Errorf("sqlite: %w", closedErr(err))
 	}
-	if err := setWAL(ctx, db); err != nil {
-		return nil, fmt.Errorf("sqlite: %w", err)
+	if file == "" {
+		return nil, errors.New("sqlite: an in-memory database keeps nothing, and each pooled connection gets one of its own: use a file")
 	}
-	// In a transaction whose first statement writes, so that it holds the
-	// write lock from the start: processes starting together take turns,
-	// and each finds the table the one before it made.
-	if err := b.inTx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, createSQL(quote(table), quote(table+"_expiry")))
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("sqlite: creating table %s: %w", table, err)
+	if !opts.NoMigrate {
+		if err := setWAL(ctx, db); err != nil {
+			return nil, fmt.Errorf("sqlite: %w", err)
+		}
+		// In a transaction whose first statement writes, so that it holds
+		// the write lock from the start: processes starting together take
+		// turns, and each finds the table the one before it made.
+		if err := b.inTx(ctx, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, createSQL(quote(table), quote(table+"_expiry")))
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("sqlite: creating table %s: %w", table, err)
+		}
+	}
+	// Prepared now, on the pool: a statement first prepared inside a
+	// transaction would wait for a second connection, which a pool of one
+	// (SetMaxOpenConns(1)) never has.
+	for _, q := range b.q.all() {
+		if _, err := b.prepared(ctx, q); err != nil {
+			return nil, fmt.Errorf("sqlite: table %s: %w", table, err)
+		}
 	}
 	return b, nil
 }
@@ -135,7 +150,12 @@ CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE sta
 // queries are the statements, written once for the table's name. Instants
 // are Unix nanoseconds, given as parameters from the Store's clock.
 type queries struct {
-	claim, takeOver, complete, release, renew, get, forget, exists, sweep, all string
+	claim, takeOver, complete, release, renew, get, forget, exists, sweep, each string
+}
+
+// all returns every statement.
+func (q queries) all() []string {
+	return []string{q.claim, q.takeOver, q.complete, q.release, q.renew, q.get, q.forget, q.exists, q.sweep, q.each}
 }
 
 const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg`
@@ -156,8 +176,8 @@ WHERE key = ?1 AND token = ?2 AND state <> 2`,
 		release: `DELETE FROM ` + t + ` WHERE key = ?1 AND token = ?2 AND state <> 2`,
 		renew: `UPDATE ` + t + ` SET lease_until = ?3
 WHERE key = ?1 AND token = ?2 AND state = 1 AND (lease_until IS NULL OR lease_until > ?4)`,
-		get: `SELECT ` + columns + ` FROM ` + t + ` WHERE key = ?1`,
-		all: `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
+		get:  `SELECT ` + columns + ` FROM ` + t + ` WHERE key = ?1`,
+		each: `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
 		forget: `DELETE FROM ` + t + ` WHERE key = ?1
     AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > ?2))`,
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE key = ?1)`,
@@ -172,103 +192,6 @@ func nanos(t time.Time) any {
 		return nil
 	}
 	return t.UnixNano()
-}
-
-// prepared returns query prepared on b's database, preparing it on first
-// use: the driver parses SQL in transpiled C, and a replay's one SELECT
-// costs several times more parsed afresh than prepared. A failed prepare
-// (the table is not there yet) is tried again next time.
-func (b *Backend) prepared(ctx context.Context, query string) (*sql.Stmt, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if st, ok := b.stmts[query]; ok {
-		return st, nil
-	}
-	st, err := b.db.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, closedErr(err)
-	}
-	b.stmts[query] = st
-	return st, nil
-}
-
-// query runs a prepared query, in tx if it is not nil.
-func (b *Backend) query(ctx context.Context, tx *sql.Tx, query string, args ...any) (*sql.Rows, error) {
-	st, err := b.prepared(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	if tx != nil {
-		st = tx.StmtContext(ctx, st)
-	}
-	return st.QueryContext(ctx, args...)
-}
-
-// execIn runs a prepared writing statement in tx.
-func (b *Backend) execIn(ctx context.Context, tx *sql.Tx, query string, args ...any) error {
-	st, err := b.prepared(ctx, query)
-	if err == nil {
-		_, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...)
-	}
-	return closedErr(err)
-}
-
-// lock takes the write semaphore, or gives up when ctx ends.
-func (b *Backend) lock(ctx context.Context) error {
-	select {
-	case b.write <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (b *Backend) unlock() { <-b.write }
-
-// exec runs one writing statement under the write semaphore and returns
-// how many rows it changed.
-func (b *Backend) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	if err := b.lock(ctx); err != nil {
-		return 0, err
-	}
-	defer b.unlock()
-	st, err := b.prepared(ctx, query)
-	if err != nil {
-		return 0, err
-	}
-	res, err := st.ExecContext(ctx, args...)
-	if err != nil {
-		return 0, closedErr(err)
-	}
-	return res.RowsAffected()
-}
-
-// inTx runs fn in a transaction under the write semaphore, and commits it
-// if fn returns nil. fn's first statement should write, so that the
-// transaction takes the write lock at once, whatever the driver's BEGIN.
-func (b *Backend) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
-	if err := b.lock(ctx); err != nil {
-		return err
-	}
-	defer b.unlock()
-	tx, err := b.db.BeginTx(ctx, nil)
-	if err != nil {
-		return closedErr(err)
-	}
-	defer tx.Rollback() // a no-op once committed
-	if err := fn(tx); err != nil {
-		return closedErr(err)
-	}
-	return closedErr(tx.Commit())
-}
-
-// closedErr makes database/sql's "database is closed", which it exports no
-// sentinel for, match idem.ErrClosed.
-func closedErr(err error) error {
-	if err != nil && strings.Contains(err.Error(), "sql: database is closed") {
-		return fmt.Errorf("%w: %w", idem.ErrClosed, err)
-	}
-	return err
 }
 
 // Claim claims rec.Key in one transaction: the insert that wins, or the
@@ -361,8 +284,12 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 	if err != nil || n > 0 {
 		return err
 	}
+	st, err := b.prepared(ctx, b.q.exists)
+	if err != nil {
+		return err
+	}
 	var exists bool
-	if err := b.db.QueryRowContext(ctx, b.q.exists, key).Scan(&exists); err != nil {
+	if err := st.QueryRowContext(ctx, key).Scan(&exists); err != nil {
 		return closedErr(err)
 	}
 	if exists {
@@ -379,7 +306,7 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 // Each calls fn for every record, in key order, stopping at fn's first
 // error. It is for inspection (cmd/idem): it reads the whole table.
 func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
-	rows, err := b.db.QueryContext(ctx, b.q.all)
+	rows, err := b.query(ctx, nil, b.q.each)
 	if err != nil {
 		return closedErr(err)
 	}

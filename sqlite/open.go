@@ -79,13 +79,6 @@ func setWAL(ctx context.Context, db *sql.DB) error {
 	}
 }
 
-// busy reports whether err is SQLite's "database is locked", whatever the
-// driver.
-func busy(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "database is locked") || strings.Contains(msg, "SQLITE_BUSY")
-}
-
 // uriPath escapes what would end a path in a file: URI early, or be read
 // as an escape.
 var uriPath = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")

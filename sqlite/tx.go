@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
@@ -84,24 +83,44 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 		return zero, err, false
 	}
 	defer b.unlock()
-	tx, err := b.db.BeginTx(ctx, nil)
+	conn, err := b.db.Conn(ctx)
 	if err != nil {
 		return zero, &idem.BackendError{Op: "claim", Err: closedErr(err)}, false
 	}
-	defer tx.Rollback() // a no-op once committed
-
-	// No lease: the claim is never seen outside this transaction, and it
-	// commits with its outcome or not at all. The claim is the first
-	// statement, and writes, so the transaction holds the write lock from
-	// here to its end.
+	defer conn.Close()
+	guard := guardCommits(conn)
+	defer guard.remove()
+	// The claim's lease has lapsed already: the claim is never seen
+	// outside this transaction, which commits it with its outcome or not at
+	// all; were it ever committed without one, it would read as interrupted,
+	// not as a claim that holds for ever. The claim is the first statement,
+	// and writes, so the transaction holds the write lock from here to its
+	// end. Another process's transaction may hold that lock for longer than
+	// the busy timeout: the claim waits on, as a duplicate in this process
+	// would, for as long as the work's context lasts (its caller leaves
+	// earlier, on its own ctx).
 	now := store.Options().Now()
 	claim := backend.Record{Key: key, Fingerprint: fp, Token: txToken(), State: backend.StatePending, CreatedAt: now}
-	rec, won, err := b.claimIn(ctx, tx, key, fp, claim.Token, now, time.Time{})
+	var tx *sql.Tx
+	var rec backend.Record
+	var won bool
+	err = whileBusy(ctx, func() error {
+		if tx, err = conn.BeginTx(ctx, nil); err != nil {
+			return err
+		}
+		if rec, won, err = b.claimIn(ctx, tx, key, fp, claim.Token, now, now); err != nil {
+			tx.Rollback()
+		}
+		return err
+	})
+	if err == nil {
+		defer tx.Rollback() // a no-op once committed
+	}
 	switch {
 	case err != nil:
-		return zero, &idem.BackendError{Op: "claim", Err: closedErr(err)}, false
+		return zero, claimErr(err), false
 	case won:
-		val, err := runTx(ctx, store, b, tx, claim, fn)
+		val, err := runTx(context.WithValue(ctx, inTx{}, b), store, b, tx, guard, claim, fn)
 		return val, err, false
 	}
 	rec, _ = rec.SeenAt(now)
@@ -119,7 +138,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 
 // runTx runs fn in a savepoint of tx, which holds the new claim, and commits
 // the outcome, or rolls everything back.
-func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql.Tx, claim backend.Record, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql.Tx, guard *commitGuard, claim backend.Record, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
 	opts := store.Options()
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT idem_fn`); err != nil {
 		return val, &idem.BackendError{Op: "claim", Err: closedErr(err)}
@@ -132,23 +151,42 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 	}
 	if err != nil { // final: keep the key and the error, not fn's writes
 		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO idem_fn`); rerr != nil {
-			return val, errors.Join(err, rerr)
+			return val, txrun.Unrecorded(err, ended(rerr))
 		}
 	}
 	if _, rerr := tx.ExecContext(ctx, `RELEASE idem_fn`); rerr != nil {
-		return val, errors.Join(err, rerr)
+		return val, txrun.Unrecorded(err, ended(rerr))
 	}
 	done := claim
 	if eerr := store.Encode(&done, val, err); eerr != nil {
-		return val, errors.Join(err, eerr)
+		return val, txrun.Unrecorded(err, eerr)
 	}
 	if cerr := b.execIn(ctx, tx, b.q.complete, done.Key, done.Token, opts.Now().Add(opts.TTL).UnixNano(), done.Value, done.Failed, done.ErrMsg); cerr != nil {
-		return val, errors.Join(err, cerr)
+		return val, txrun.Unrecorded(err, cerr)
 	}
+	guard.allow.Store(true)
 	if cerr := tx.Commit(); cerr != nil && !committed(ctx, b, opts, done) {
-		return val, errors.Join(err, fmt.Errorf("sqlite: committing: %w", closedErr(cerr)))
+		return val, txrun.Unrecorded(err, fmt.Errorf("sqlite: committing: %w", closedErr(cerr)))
 	}
 	return val, err
+}
+
+// claimErr is the error of a claim that failed: a database locked for
+// longer than the busy timeout is held by a transaction in another
+// process, most likely a RunOnceTx of this very key, so the key is in
+// progress there.
+func claimErr(err error) error {
+	if busy(err) {
+		return fmt.Errorf("%w: the database is locked by another transaction: %w", idem.ErrInProgress, err)
+	}
+	return &idem.BackendError{Op: "claim", Err: closedErr(err)}
+}
+
+// ended explains the failure of a savepoint statement after fn: SQLite
+// ended the transaction itself, and the commit guard kept anything fn
+// wrote after that from committing on its own.
+func ended(err error) error {
+	return fmt.Errorf("sqlite: the transaction ended inside fn (SQLite rolls it back on some errors: a trigger's RAISE(ROLLBACK), INSERT OR ROLLBACK, a full disk, an interrupt; or fn ended it), so nothing was committed: %w", closedErr(err))
 }
 
 // committed reports whether a transaction whose COMMIT returned an error

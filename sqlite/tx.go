@@ -42,7 +42,14 @@ import (
 //
 // store supplies the fingerprint, codec and TTL; its Backend must be a
 // *Backend, whose table holds the key. fn must do its writes through tx,
-// and must not commit or roll it back.
+// and must not commit or roll it back. SQLite ends a transaction by itself
+// on some errors (a trigger's RAISE(ROLLBACK), INSERT OR ROLLBACK, a full
+// disk); with modernc.org/sqlite, a commit hook then keeps whatever fn
+// writes afterwards from committing on its own, and the call fails with
+// nothing committed (with another driver, fn must return such errors). A
+// call to the Backend from inside fn, with the ctx fn is given, is refused
+// rather than left to wait for the lock fn's transaction holds; a RunOnce
+// of fn's own key waits for itself, as with RunOnce.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *sql.Tx) (R, error)) (R, error) {
 	var zero R
 	opts := store.Options()

@@ -74,6 +74,9 @@ type Record struct {
 	Value  []byte
 	Failed bool
 	ErrMsg string
+
+	// The steps the operation recorded (Stepper), in the order recorded.
+	Steps []Step
 }
 
 // A Backend keeps records durably, so that what a Store promised outlives

@@ -11,7 +11,11 @@ import (
 
 // recordVersion is the first byte of every binary record; a new layout gets
 // a new version so that old files stay readable.
-const recordVersion = 2 // 2 added LeaseUntil
+const recordVersion = 3 // 2 added LeaseUntil, 3 Steps
+
+// A record without steps is still written as version 2, byte for byte as
+// before, so that files stay readable by the versions before steps.
+const stepsVersion = 3
 
 // MarshalBinary encodes r compactly, for backends that store records as
 // opaque values. UnmarshalBinary reads it back field for field; times come
@@ -24,7 +28,7 @@ func (r Record) MarshalBinary() ([]byte, error) {
 	n := 1 + 1 + 1 + len(r.Key) + len(r.Fingerprint) + 1 + len(r.Token) + 3*8 + 1 +
 		binary.MaxVarintLen64 + len(r.ErrMsg) + binary.MaxVarintLen64 + len(r.Value)
 	b := make([]byte, 0, n)
-	b = append(b, recordVersion, byte(r.State), byte(len(r.Key)))
+	b = append(b, 2, byte(r.State), byte(len(r.Key)))
 	b = append(b, r.Key...)
 	b = append(b, r.Fingerprint[:]...)
 	if len(r.Token) > 255 {
@@ -44,6 +48,25 @@ func (r Record) MarshalBinary() ([]byte, error) {
 	b = append(b, r.ErrMsg...)
 	b = binary.AppendUvarint(b, uint64(len(r.Value)))
 	b = append(b, r.Value...)
+	if len(r.Steps) == 0 {
+		return b, nil
+	}
+	b[0] = stepsVersion
+	b = binary.AppendUvarint(b, uint64(len(r.Steps)))
+	for _, s := range r.Steps {
+		b = binary.AppendUvarint(b, uint64(len(s.Name)))
+		b = append(b, s.Name...)
+		b = binary.BigEndian.AppendUint64(b, uint64(unixNano(s.At)))
+		var failed byte
+		if s.Failed {
+			failed = 1
+		}
+		b = append(b, failed)
+		b = binary.AppendUvarint(b, uint64(len(s.ErrMsg)))
+		b = append(b, s.ErrMsg...)
+		b = binary.AppendUvarint(b, uint64(len(s.Value)))
+		b = append(b, s.Value...)
+	}
 	return b, nil
 }
 
@@ -70,6 +93,18 @@ func (r *Record) UnmarshalBinary(data []byte) error {
 	rec.Failed = d.byte() == 1
 	rec.ErrMsg = string(d.bytes(d.uvarint()))
 	rec.Value = bytes.Clone(d.bytes(d.uvarint()))
+	if version >= stepsVersion {
+		n := d.uvarint()
+		for i := 0; i < n && d.err == nil; i++ {
+			var s Step
+			s.Name = string(d.bytes(d.uvarint()))
+			s.At = fromUnixNano(int64(d.uint64()))
+			s.Failed = d.byte() == 1
+			s.ErrMsg = string(d.bytes(d.uvarint()))
+			s.Value = bytes.Clone(d.bytes(d.uvarint()))
+			rec.Steps = append(rec.Steps, s)
+		}
+	}
 	switch {
 	case d.err != nil:
 		return d.err

@@ -63,3 +63,36 @@ func FuzzRecordUnmarshal(f *testing.F) {
 		}
 	})
 }
+
+// Steps round-trip byte for byte (version 3); a record without steps is
+// written as version 2, as before steps, so older versions read it.
+func TestRecordStepsRoundTrip(t *testing.T) {
+	rec := Record{Key: "order-101", State: StatePending, Token: "t", Steps: []Step{
+		{Name: "create-order", At: time.Unix(0, 1764493200123456789), Value: []byte(`{"id":7}`)},
+		{Name: "charge", At: time.Unix(0, 1764493201000000000), Failed: true, ErrMsg: "card declined", Value: []byte{0, 255}},
+		{Name: "", Value: nil},
+	}}
+	b, err := rec.MarshalBinary()
+	require.NoError(t, err)
+	assert.Equal(t, byte(3), b[0])
+	var got Record
+	require.NoError(t, got.UnmarshalBinary(b))
+	require.Len(t, got.Steps, 3)
+	for i, s := range rec.Steps {
+		assert.Equal(t, s.Name, got.Steps[i].Name)
+		assert.True(t, s.At.Equal(got.Steps[i].At) || s.At.IsZero() && got.Steps[i].At.IsZero())
+		assert.Equal(t, s.Failed, got.Steps[i].Failed)
+		assert.Equal(t, s.ErrMsg, got.Steps[i].ErrMsg)
+		assert.Equal(t, len(s.Value), len(got.Steps[i].Value))
+		assert.Equal(t, string(s.Value), string(got.Steps[i].Value))
+	}
+	for i := range b { // every truncation is an error, never a panic
+		var r Record
+		assert.Error(t, r.UnmarshalBinary(b[:i]), "truncated at %d", i)
+	}
+
+	rec.Steps = nil
+	b, err = rec.MarshalBinary()
+	require.NoError(t, err)
+	assert.Equal(t, byte(2), b[0], "no steps: the layout from before steps")
+}

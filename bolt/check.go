@@ -185,7 +185,7 @@ func checkRecords(db *bbolt.DB) error {
 			// A record names its key (version, state, key length, key): a
 			// damaged key offset files it under another key, and the key it
 			// names would then be claimed afresh.
-			if len(v) >= 3 && (v[0] == 1 || v[0] == 2) && 3+int(v[2]) <= len(v) && !bytes.Equal(v[3:3+int(v[2])], k) {
+			if len(v) >= 3 && (v[0] >= 1 && v[0] <= 3) && 3+int(v[2]) <= len(v) && !bytes.Equal(v[3:3+int(v[2])], k) {
 				return fmt.Errorf("%w: the record stored under %q names key %q", ErrCorrupt, k, v[3:3+int(v[2])])
 			}
 		}

@@ -1,11 +1,14 @@
 package bolt
 
 import (
+	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -46,4 +49,38 @@ func TestContract(t *testing.T) {
 			return reopened
 		},
 	})
+}
+
+func TestConformanceSteps(t *testing.T) {
+	idemtest.RunSteps(t, func(t *testing.T) backend.Stepper {
+		b, _ := openTemp(t, nil)
+		return b
+	})
+}
+
+// A step recorded before a crash is in the file after it, byte for byte,
+// and the interrupted claim can be resumed with its steps.
+func TestStepsSurviveRestart(t *testing.T) {
+	b, path := openTemp(t, nil)
+	ctx := context.Background()
+	claim, won, err := b.Claim(ctx, backend.Record{Key: "k", Token: "dead", Fingerprint: [32]byte{7}}, time.Now(), time.Hour)
+	require.NoError(t, err)
+	require.True(t, won)
+	value := []byte{0, 1, 2, 0xfe, 0xff, '"'}
+	require.NoError(t, b.RecordStep(ctx, "k", claim.Token, backend.Step{Name: "charge", Value: value}, time.Now()))
+	require.NoError(t, b.Close()) // as a crash leaves it: the claim pending
+
+	b, err = Open(path, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	rec, ok, err := b.Get(ctx, "k", time.Now())
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, backend.StateInterrupted, rec.State)
+	require.Len(t, rec.Steps, 1)
+	assert.Equal(t, value, rec.Steps[0].Value)
+	resumed, err := b.Resume(ctx, "k", "dead", "next", time.Now(), time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, value, resumed.Steps[0].Value)
+	assert.Equal(t, [32]byte{7}, resumed.Fingerprint)
 }

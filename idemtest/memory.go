@@ -168,14 +168,61 @@ func (m *MemoryBackend) Len() int {
 	return len(m.records)
 }
 
-// clone copies rec's Value so that neither caller nor backend can change the
-// other's bytes.
+// clone copies rec's bytes (Value, Steps) so that neither caller nor
+// backend can change the other's.
 func clone(rec backend.Record) backend.Record {
 	if rec.Value != nil {
 		rec.Value = append([]byte{}, rec.Value...)
 	}
+	if rec.Steps != nil {
+		steps := make([]backend.Step, len(rec.Steps))
+		for i, s := range rec.Steps {
+			if s.Value != nil {
+				s.Value = append([]byte{}, s.Value...)
+			}
+			steps[i] = s
+		}
+		rec.Steps = steps
+	}
 	return rec
 }
+
+// RecordStep records step under key's claim held by token.
+func (m *MemoryBackend) RecordStep(ctx context.Context, key, token string, step backend.Step, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.records[key]
+	if !ok || rec.Token != token || rec.State != backend.StatePending || rec.Lapsed(now) {
+		return backend.ErrNotOwner
+	}
+	step.At = now
+	m.records[key] = clone(rec.WithStep(step))
+	return nil
+}
+
+// Resume takes over key's interrupted record held by old.
+func (m *MemoryBackend) Resume(ctx context.Context, key, old, token string, now time.Time, lease time.Duration) (backend.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return backend.Record{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.records[key]
+	if !ok || !rec.Resumable(old, now) {
+		return backend.Record{}, backend.ErrNotOwner
+	}
+	rec.Token, rec.State, rec.LeaseUntil = token, backend.StatePending, time.Time{}
+	if lease > 0 {
+		rec.LeaseUntil = now.Add(lease)
+	}
+	m.records[key] = rec
+	return clone(rec), nil
+}
+
+var _ backend.Stepper = (*MemoryBackend)(nil)
 
 // Each calls fn with every record, as stored, in key order.
 func (m *MemoryBackend) Each(ctx context.Context, fn func(backend.Record) error) error {

@@ -1,0 +1,62 @@
+package bolt
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/seed094d4201/idem/backend"
+	bbolt "go.etcd.io/bbolt"
+)
+
+var _ backend.Stepper = (*Backend)(nil)
+
+// RecordStep records step under key's claim held by token, in a shared,
+// durable commit.
+func (b *Backend) RecordStep(ctx context.Context, key, token string, step backend.Step, now time.Time) error {
+	k := []byte(key)
+	step.At = now
+	return b.write(ctx, func(tx *bbolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		claim, err := checkOwner(records, k, token)
+		if err != nil {
+			return err
+		}
+		if claim.State != backend.StatePending || claim.Lapsed(now) {
+			return fmt.Errorf("%w: key %q is %s, its lease until %v", backend.ErrNotOwner, key, claim.State, claim.LeaseUntil)
+		}
+		return put(records, claim.WithStep(step))
+	})
+}
+
+// Resume takes over key's interrupted record held by old.
+func (b *Backend) Resume(ctx context.Context, key, old, token string, now time.Time, lease time.Duration) (backend.Record, error) {
+	k := []byte(key)
+	var rec backend.Record
+	err := b.write(ctx, func(tx *bbolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		v := records.Get(k)
+		if v == nil {
+			return fmt.Errorf("%w: key %q has no record", backend.ErrNotOwner, key)
+		}
+		cur, err := decode(k, v)
+		if err != nil {
+			return err
+		}
+		if !cur.Resumable(old, now) {
+			return fmt.Errorf("%w: key %q is %s under another claim, or its lease holds", backend.ErrNotOwner, key, cur.State)
+		}
+		cur.Token, cur.State, cur.LeaseUntil = token, backend.StatePending, time.Time{}
+		if lease > 0 {
+			cur.LeaseUntil = now.Add(lease)
+		}
+		if err := put(records, cur); err != nil {
+			return err
+		}
+		rec = cur
+		// Pending again: if this process dies too, the next Open marks it
+		// interrupted.
+		return tx.Bucket(bucketPending).Put(pendingKey(cur), nil)
+	})
+	return rec, err
+}

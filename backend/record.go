@@ -52,8 +52,15 @@ func (r Record) MarshalBinary() ([]byte, error) {
 		return b, nil
 	}
 	b[0] = stepsVersion
-	b = binary.AppendUvarint(b, uint64(len(r.Steps)))
-	for _, s := range r.Steps {
+	return AppendSteps(b, r.Steps), nil
+}
+
+// AppendSteps appends steps to b in the layout a record holds them in, for
+// backends that keep a record's steps apart from it (a column of their own);
+// ReadSteps reads them back.
+func AppendSteps(b []byte, steps []Step) []byte {
+	b = binary.AppendUvarint(b, uint64(len(steps)))
+	for _, s := range steps {
 		b = binary.AppendUvarint(b, uint64(len(s.Name)))
 		b = append(b, s.Name...)
 		b = binary.BigEndian.AppendUint64(b, uint64(unixNano(s.At)))
@@ -67,7 +74,7 @@ func (r Record) MarshalBinary() ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(len(s.Value)))
 		b = append(b, s.Value...)
 	}
-	return b, nil
+	return b
 }
 
 // errBadRecord is returned by UnmarshalBinary for bytes that are not a record.
@@ -94,16 +101,7 @@ func (r *Record) UnmarshalBinary(data []byte) error {
 	rec.ErrMsg = string(d.bytes(d.uvarint()))
 	rec.Value = bytes.Clone(d.bytes(d.uvarint()))
 	if version >= stepsVersion {
-		n := d.uvarint()
-		for i := 0; i < n && d.err == nil; i++ {
-			var s Step
-			s.Name = string(d.bytes(d.uvarint()))
-			s.At = fromUnixNano(int64(d.uint64()))
-			s.Failed = d.byte() == 1
-			s.ErrMsg = string(d.bytes(d.uvarint()))
-			s.Value = bytes.Clone(d.bytes(d.uvarint()))
-			rec.Steps = append(rec.Steps, s)
-		}
+		rec.Steps = d.steps()
 	}
 	switch {
 	case d.err != nil:
@@ -115,6 +113,37 @@ func (r *Record) UnmarshalBinary(data []byte) error {
 	}
 	*r = rec
 	return nil
+}
+
+// ReadSteps reads steps that AppendSteps wrote; no bytes means none.
+func ReadSteps(data []byte) ([]Step, error) {
+	if len(data) == 0 {
+		return nil, nil
+	}
+	d := decoder{b: data}
+	steps := d.steps()
+	switch {
+	case d.err != nil:
+		return nil, d.err
+	case len(d.b) != 0:
+		return nil, fmt.Errorf("%w: %d trailing bytes after the steps", errBadRecord, len(d.b))
+	}
+	return steps, nil
+}
+
+func (d *decoder) steps() []Step {
+	var steps []Step
+	n := d.uvarint()
+	for i := 0; i < n && d.err == nil; i++ {
+		var s Step
+		s.Name = string(d.bytes(d.uvarint()))
+		s.At = fromUnixNano(int64(d.uint64()))
+		s.Failed = d.byte() == 1
+		s.ErrMsg = string(d.bytes(d.uvarint()))
+		s.Value = bytes.Clone(d.bytes(d.uvarint()))
+		steps = append(steps, s)
+	}
+	return steps
 }
 
 // decoder reads fields off b, remembering the first shortfall.

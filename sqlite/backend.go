@@ -108,8 +108,10 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 		// the write lock from the start: processes starting together take
 		// turns, and each finds the table the one before it made.
 		if err := b.inTx(ctx, func(tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, createSQL(quote(table), quote(table+"_expiry")))
-			return err
+			if _, err := tx.ExecContext(ctx, createSQL(quote(table), quote(table+"_expiry"))); err != nil {
+				return err
+			}
+			return addStepsColumn(ctx, tx, table)
 		}); err != nil {
 			return nil, fmt.Errorf("sqlite: creating table %s: %w", table, err)
 		}
@@ -123,6 +125,17 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 		}
 	}
 	return b, nil
+}
+
+// addStepsColumn adds the steps column to a table made before steps.
+func addStepsColumn(ctx context.Context, tx *sql.Tx, table string) error {
+	var has bool
+	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = 'steps')`, table).Scan(&has)
+	if err != nil || has {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `ALTER TABLE `+quote(table)+` ADD COLUMN steps BLOB`)
+	return err
 }
 
 // quote makes name an SQL identifier.
@@ -142,7 +155,8 @@ func createSQL(table, index string) string {
     lease_until INTEGER,
     value       BLOB,
     failed      INTEGER NOT NULL DEFAULT 0,
-    err_msg     TEXT    NOT NULL DEFAULT ''
+    err_msg     TEXT    NOT NULL DEFAULT '',
+    steps       BLOB
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE state = 2;`
 }
@@ -151,14 +165,15 @@ CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE sta
 // are Unix nanoseconds, given as parameters from the Store's clock.
 type queries struct {
 	claim, takeOver, complete, release, renew, get, forget, exists, sweep, each string
+	setSteps, resume                                                            string
 }
 
 // all returns every statement.
 func (q queries) all() []string {
-	return []string{q.claim, q.takeOver, q.complete, q.release, q.renew, q.get, q.forget, q.exists, q.sweep, q.each}
+	return []string{q.claim, q.takeOver, q.complete, q.release, q.renew, q.get, q.forget, q.exists, q.sweep, q.each, q.setSteps, q.resume}
 }
 
-const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg`
+const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg, steps`
 
 func newQueries(t string) queries {
 	return queries{
@@ -169,7 +184,7 @@ ON CONFLICT (key) DO NOTHING RETURNING ` + columns,
 		// Takes over a record that expired at ?4, atomically: the WHERE
 		// clause is checked under the write lock.
 		takeOver: `UPDATE ` + t + ` SET fingerprint = ?2, token = ?3, state = 1, created_at = ?4, expires_at = NULL,
-    lease_until = ?5, value = NULL, failed = 0, err_msg = ''
+    lease_until = ?5, value = NULL, failed = 0, err_msg = '', steps = NULL
 WHERE key = ?1 AND state = 2 AND expires_at <= ?4 RETURNING ` + columns,
 		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ?3, lease_until = NULL, value = ?4, failed = ?5, err_msg = ?6
 WHERE key = ?1 AND token = ?2 AND state <> 2`,
@@ -178,6 +193,10 @@ WHERE key = ?1 AND token = ?2 AND state <> 2`,
 WHERE key = ?1 AND token = ?2 AND state = 1 AND (lease_until IS NULL OR lease_until > ?4)`,
 		get:  `SELECT ` + columns + ` FROM ` + t + ` WHERE key = ?1`,
 		each: `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
+		// Both under the write lock, after a read of the record in the
+		// same transaction; the WHERE clause compares the token again.
+		setSteps: `UPDATE ` + t + ` SET steps = ?3 WHERE key = ?1 AND token = ?2 AND state = 1 AND (lease_until IS NULL OR lease_until > ?4)`,
+		resume:   `UPDATE ` + t + ` SET token = ?3, state = 1, lease_until = ?4 WHERE key = ?1 AND token = ?2 RETURNING ` + columns,
 		forget: `DELETE FROM ` + t + ` WHERE key = ?1
     AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > ?2))`,
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE key = ?1)`,
@@ -346,8 +365,13 @@ func scan(rows *sql.Rows) (backend.Record, error) {
 	var fp []byte
 	var state, created int64
 	var expires, lease sql.NullInt64
-	if err := rows.Scan(&rec.Key, &fp, &rec.Token, &state, &created, &expires, &lease, &rec.Value, &rec.Failed, &rec.ErrMsg); err != nil {
+	var steps []byte
+	if err := rows.Scan(&rec.Key, &fp, &rec.Token, &state, &created, &expires, &lease, &rec.Value, &rec.Failed, &rec.ErrMsg, &steps); err != nil {
 		return backend.Record{}, fmt.Errorf("sqlite: reading a record: %w", err)
+	}
+	var err error
+	if rec.Steps, err = backend.ReadSteps(steps); err != nil {
+		return backend.Record{}, fmt.Errorf("sqlite: key %q: %w", rec.Key, err)
 	}
 	if len(fp) != len(rec.Fingerprint) {
 		return backend.Record{}, fmt.Errorf("sqlite: key %q: fingerprint of %d bytes", rec.Key, len(fp))

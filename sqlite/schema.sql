@@ -10,6 +10,7 @@ CREATE TABLE IF NOT EXISTS idem_keys (
     lease_until INTEGER,          -- pending records with a lease only
     value       BLOB,
     failed      INTEGER NOT NULL DEFAULT 0,
-    err_msg     TEXT    NOT NULL DEFAULT ''
+    err_msg     TEXT    NOT NULL DEFAULT '',
+    steps       BLOB              -- the steps the operation recorded (backend.AppendSteps)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idem_keys_expiry ON idem_keys (expires_at) WHERE state = 2;

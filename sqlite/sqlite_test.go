@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
@@ -127,4 +128,31 @@ func TestOpenBeginsImmediate(t *testing.T) {
 	defer other.Close()
 	_, err = other.Exec(`INSERT INTO t VALUES (1)`)
 	assert.ErrorContains(t, err, "locked", "the open transaction, which wrote nothing, holds the write lock")
+}
+
+func TestConformanceSteps(t *testing.T) {
+	idemtest.RunSteps(t, func(t *testing.T) backend.Stepper {
+		b, _ := testBackend(t)
+		return b
+	})
+}
+
+// A table made before steps gets its steps column from New.
+func TestNewAddsStepsColumn(t *testing.T) {
+	db, _ := openTemp(t)
+	old := strings.Replace(createSQL(`"idem_keys"`, `"idem_keys_expiry"`), ",\n    steps       BLOB", "", 1)
+	require.NotEqual(t, createSQL(`"idem_keys"`, `"idem_keys_expiry"`), old)
+	_, err := db.Exec(old)
+	require.NoError(t, err)
+	b, err := New(context.Background(), db, Options{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	claim, won, err := b.Claim(ctx, backend.Record{Key: "k", Token: "t"}, time.Now(), time.Hour)
+	require.NoError(t, err)
+	require.True(t, won)
+	require.NoError(t, b.RecordStep(ctx, "k", claim.Token, backend.Step{Name: "s", Value: []byte("v")}, time.Now()))
+	rec, _, err := b.Get(ctx, "k", time.Now())
+	require.NoError(t, err)
+	require.Len(t, rec.Steps, 1)
+	assert.Equal(t, "v", string(rec.Steps[0].Value))
 }

@@ -1,0 +1,57 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/seed094d4201/idem/backend"
+)
+
+var _ backend.Stepper = (*Backend)(nil)
+
+// RecordStep records step under key's claim held by token, in one
+// transaction: read the record, add the step, write the steps back under
+// the same token compare.
+func (b *Backend) RecordStep(ctx context.Context, key, token string, step backend.Step, now time.Time) error {
+	step.At = now
+	return b.inTx(ctx, func(tx *sql.Tx) error {
+		rec, found, err := scanOne(b.query(ctx, tx, b.q.get, key))
+		switch {
+		case err != nil:
+			return err
+		case !found || rec.Token != token || rec.State != backend.StatePending || rec.Lapsed(now):
+			return fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
+		}
+		steps := backend.AppendSteps(nil, rec.WithStep(step).Steps)
+		if err := b.execIn(ctx, tx, b.q.setSteps, key, token, steps, now.UnixNano()); err != nil {
+			return err
+		}
+		return nil
+	})
+}
+
+// Resume takes over key's interrupted record held by old.
+func (b *Backend) Resume(ctx context.Context, key, old, token string, now time.Time, lease time.Duration) (backend.Record, error) {
+	var rec backend.Record
+	err := b.inTx(ctx, func(tx *sql.Tx) error {
+		cur, found, err := scanOne(b.query(ctx, tx, b.q.get, key))
+		switch {
+		case err != nil:
+			return err
+		case !found || !cur.Resumable(old, now):
+			return fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
+		}
+		var until any
+		if lease > 0 {
+			until = now.Add(lease).UnixNano()
+		}
+		rec, found, err = scanOne(b.query(ctx, tx, b.q.resume, key, old, token, until))
+		if err == nil && !found {
+			err = fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
+		}
+		return err
+	})
+	return rec, err
+}

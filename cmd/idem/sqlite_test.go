@@ -5,8 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/sqlite"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -46,4 +49,47 @@ func TestSQLiteReadOnly(t *testing.T) {
 	code, _, errs = runCmd("inspect", "sqlite:"+filepath.Join(t.TempDir(), "missing.db"))
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "no such file")
+}
+
+// show lists a key's steps, with their times and outcomes, on each backend
+// that records steps.
+func TestShowListsSteps(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	at := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name, where string
+		open        func(t *testing.T) (backend.Stepper, func())
+	}{
+		{"bolt", filepath.Join(dir, "steps.bolt"), func(t *testing.T) (backend.Stepper, func()) {
+			b, err := bolt.Open(filepath.Join(dir, "steps.bolt"), nil)
+			require.NoError(t, err)
+			return b, func() { b.Close() }
+		}},
+		{"sqlite", "sqlite:" + filepath.Join(dir, "steps.db"), func(t *testing.T) (backend.Stepper, func()) {
+			db, err := sqlite.Open(filepath.Join(dir, "steps.db"))
+			require.NoError(t, err)
+			b, err := sqlite.New(ctx, db, sqlite.Options{})
+			require.NoError(t, err)
+			return b, func() { db.Close() }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, closeB := tc.open(t)
+			claim, _, err := b.Claim(ctx, backend.Record{Key: "order-101", Token: "t"}, at, time.Hour)
+			require.NoError(t, err)
+			require.NoError(t, b.RecordStep(ctx, "order-101", claim.Token, backend.Step{Name: "create-order", Value: []byte(`{"id":7}`)}, at.Add(time.Second)))
+			require.NoError(t, b.RecordStep(ctx, "order-101", claim.Token, backend.Step{Name: "charge", Failed: true, ErrMsg: "card declined"}, at.Add(2*time.Second)))
+			closeB()
+
+			code, out, errs := runCmd("show", tc.where, "order-101")
+			require.Equal(t, 0, code, errs)
+			assert.Contains(t, out, "steps:\n"+
+				"  1. \"create-order\" at 2026-11-30T09:00:01Z: \"{\\\"id\\\":7}\"\n"+
+				"  2. \"charge\" at 2026-11-30T09:00:02Z: final error \"card declined\"\n")
+			code, out, errs = runCmd("show", tc.where, "order-101", "-json")
+			require.Equal(t, 0, code, errs)
+			assert.Contains(t, out, `"steps":[{"name":"create-order","at":"2026-11-30T09:00:01Z","value":"{\"id\":7}"},{"name":"charge","at":"2026-11-30T09:00:02Z","final_error":"card declined","value":""}]`)
+		})
+	}
 }

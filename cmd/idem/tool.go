@@ -55,6 +55,16 @@ type view struct {
 	ValueHex    *string    `json:"value_hex,omitempty"` // otherwise
 	ValueBytes  int        `json:"value_bytes"`
 	RecordBytes int        `json:"record_bytes"`
+	Steps       []stepView `json:"steps,omitempty"`
+}
+
+// stepView is a recorded step as the commands print it.
+type stepView struct {
+	Name       string    `json:"name"`
+	At         time.Time `json:"at"`
+	FinalError *string   `json:"final_error,omitempty"`
+	Value      *string   `json:"value,omitempty"`     // UTF-8
+	ValueHex   *string   `json:"value_hex,omitempty"` // otherwise
 }
 
 func (t *tool) view(rec backend.Record) view {
@@ -70,17 +80,29 @@ func (t *tool) view(rec backend.Record) view {
 	if rec.Failed {
 		v.FinalError = &rec.ErrMsg
 	}
-	if utf8.Valid(rec.Value) {
-		s := string(rec.Value)
-		v.Value = &s
-	} else {
-		s := fmt.Sprintf("%x", rec.Value)
-		v.ValueHex = &s
+	v.Value, v.ValueHex = printable(rec.Value)
+	for _, st := range rec.Steps {
+		sv := stepView{Name: st.Name, At: st.At.UTC()}
+		if st.Failed {
+			sv.FinalError = &st.ErrMsg
+		}
+		sv.Value, sv.ValueHex = printable(st.Value)
+		v.Steps = append(v.Steps, sv)
 	}
 	if enc, err := rec.MarshalBinary(); err == nil {
 		v.RecordBytes = len(enc)
 	}
 	return v
+}
+
+// printable returns b as text if it is UTF-8, else as hex.
+func printable(b []byte) (text, hex *string) {
+	s := string(b)
+	if utf8.Valid(b) {
+		return &s, nil
+	}
+	s = fmt.Sprintf("%x", b)
+	return nil, &s
 }
 
 // stateOrder puts interrupted keys first: they wait for an operator.
@@ -164,6 +186,21 @@ func (t *tool) show(ctx context.Context, key string) error {
 		fmt.Fprintf(t.w, "value:       %q\n", *v.Value)
 	} else {
 		fmt.Fprintf(t.w, "value (hex): %s\n", *v.ValueHex)
+	}
+	for i, st := range v.Steps {
+		if i == 0 {
+			fmt.Fprintln(t.w, "steps:")
+		}
+		outcome := ""
+		switch {
+		case st.FinalError != nil:
+			outcome = fmt.Sprintf("final error %q", *st.FinalError)
+		case st.Value != nil:
+			outcome = fmt.Sprintf("%q", *st.Value)
+		default:
+			outcome = "hex " + *st.ValueHex
+		}
+		fmt.Fprintf(t.w, "  %d. %q at %s: %s\n", i+1, st.Name, st.At.Format(time.RFC3339Nano), outcome)
 	}
 	if rec.State == backend.StateInterrupted || rec.Lapsed(t.now) {
 		fmt.Fprintln(t.w, "\nThe operation may or may not have taken effect. Check its real outcome, then")

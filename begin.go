@@ -74,6 +74,7 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 			return e.err
 		}
 		t.e = e
+		t.ctx, t.op = s.withOperation(t.ctx, key)
 		if s.opts.Backend == nil || local {
 			t.startSpan()
 			return nil

@@ -30,6 +30,9 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			s.releaseOrLater(context.WithoutCancel(ctx), claim.Key, claim.Token)
 			err = &BackendError{Op: "claim", Err: errors.New("the lease ran out before the work could start")}
 		} else {
+			if st, ok := s.opts.Backend.(backend.Stepper); ok && s.opts.Resume {
+				t.op.resumeWith(st, claim, s.opts.Now)
+			}
 			t.startSpan()
 			work, cancelWork := s.workContext(t.ctx, nil)
 			work, stopRenewing := s.renew(work, claim, sent)
@@ -102,7 +105,21 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 		case rec.State == backend.StateCompleted:
 			t.val, t.err = s.decode(rec)
 			return backend.Record{}, sent, nil
-		case !s.opts.RetryInterrupted || retried:
+		}
+		if st, ok := b.(backend.Stepper); ok && s.opts.Resume && len(rec.Steps) > 0 {
+			// Its operation reached a recovery point: take the claim over,
+			// steps and all, and run on from there.
+			sent = time.Now()
+			resumed, err := st.Resume(ctx, key, rec.Token, newToken(), s.opts.Now(), s.opts.Lease)
+			switch {
+			case err == nil:
+				return resumed, sent, nil
+			case errors.Is(err, backend.ErrNotOwner):
+				continue // another store resumed it, or it changed: look again
+			}
+			return backend.Record{}, sent, &BackendError{Op: "resume", Err: err}
+		}
+		if !s.opts.RetryInterrupted || retried {
 			return backend.Record{}, sent, ErrOutcomeUnknown
 		}
 		// RetryInterrupted: treat the interrupted claim as failed before
@@ -226,6 +243,14 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, _ error, pin bool) {
 	record := context.WithoutCancel(t.ctx)
 	claim := *t.claim
+	if !final && s.opts.Resume && t.op.hasSteps() {
+		// Not released: the key stays at its recovery point, its steps
+		// recorded, and the next call resumes from there. Its lease is
+		// made to lapse now, so that call need not wait it out; if that
+		// fails, it lapses on its own.
+		_ = s.opts.Backend.Renew(record, claim.Key, claim.Token, s.opts.Now(), time.Nanosecond)
+		return val, err, false
+	}
 	if !final {
 		if rerr := s.releaseOrLater(record, claim.Key, claim.Token); rerr != nil {
 			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), false

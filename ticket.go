@@ -49,6 +49,7 @@ type Ticket[R any] struct {
 	// for a ticket whose caller keeps the record in a transaction of its
 	// own (BeginLocal).
 	claim *backend.Record
+	op    *operation // what Step knows of this execution; in ctx, and so in work
 
 	work     context.Context    // Context's; made on first use, or by Begin for a durable claim
 	cancel   context.CancelFunc // ends work: its timeout, lease renewals; nil if there is nothing to end

@@ -1,0 +1,183 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/seed094d4201/idem/backend"
+)
+
+// ErrNoOperation is returned by Step called with a context that belongs to
+// no operation: neither RunOnce's fn's nor a Ticket's.
+var ErrNoOperation = errors.New("idem: Step outside an operation (use the ctx RunOnce gives fn, or Ticket.Context)")
+
+// An operation is what Step, StepKey and OperationKey know of the
+// execution a context belongs to. The Store makes one for every execution
+// it owns and puts it in the execution's context.
+type operation struct {
+	key   string
+	codec Codec
+
+	mu       sync.Mutex
+	steps    map[string]backend.Step // guarded by mu; recorded, or resumed with the claim
+	recorded bool                    // guarded by mu; whether the claim holds a step
+	// record records a step durably under the claim, fenced by its token;
+	// nil when steps are not recorded (no Stepper, or Options.Resume off).
+	record func(ctx context.Context, s backend.Step) error
+}
+
+type operationKey struct{}
+type stepNameKey struct{}
+
+// withOperation returns ctx carrying a new operation for key.
+func (s *Store[R]) withOperation(ctx context.Context, key string) (context.Context, *operation) {
+	op := &operation{key: key, codec: s.opts.Codec}
+	return context.WithValue(ctx, operationKey{}, op), op
+}
+
+// resumeWith lets op record steps under claim, and gives it the steps
+// claim holds from an earlier run.
+func (op *operation) resumeWith(st backend.Stepper, claim backend.Record, now func() time.Time) {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	op.record = func(ctx context.Context, s backend.Step) error {
+		return st.RecordStep(ctx, claim.Key, claim.Token, s, now())
+	}
+	for _, s := range claim.Steps {
+		if op.steps == nil {
+			op.steps = make(map[string]backend.Step)
+		}
+		op.steps[s.Name] = s
+		op.recorded = true
+	}
+}
+
+// hasSteps reports whether the operation's claim holds a recorded step.
+func (op *operation) hasSteps() bool {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	return op.recorded
+}
+
+// Step runs fn as the step called name of the operation ctx belongs to (the
+// ctx RunOnce gives its fn, or a Ticket's Context) and returns its outcome.
+//
+// With a Store whose Options.Resume is set and whose Backend records steps
+// (backend.Stepper: bolt, sqlite), the step's success, or an error marked
+// Final, is recorded durably under the operation's key, fenced by its
+// claim's token, before Step returns. When the operation runs again (its
+// process died, or it failed with an ordinary error after a step), a
+// recorded step returns its recorded outcome, decoded with the Store's
+// Codec, without calling fn; the step that was running when the operation
+// stopped runs again, with the same StepKey. An ordinary error from fn is
+// returned and not recorded. Without Resume or a Stepper, Step calls fn
+// once per run of the operation and records nothing.
+//
+// A name is one step: the same name twice in one operation returns the
+// first call's outcome. If the step's outcome cannot be recorded (the
+// claim was lost to another owner, or the backend failed), Step returns
+// fn's result with an error: the operation should fail, and its next run
+// runs the step again.
+func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
+	var zero T
+	op, _ := ctx.Value(operationKey{}).(*operation)
+	switch {
+	case op == nil:
+		return zero, ErrNoOperation
+	case fn == nil:
+		return zero, errNilFunc
+	}
+	op.mu.Lock()
+	s, done := op.steps[name]
+	op.mu.Unlock()
+	if done {
+		var val T
+		if len(s.Value) > 0 {
+			if err := unmarshal(op.codec, s.Value, &val); err != nil {
+				return zero, fmt.Errorf("idem: decoding step %q: %w", name, err)
+			}
+		}
+		if s.Failed {
+			return val, Final(errors.New(s.ErrMsg))
+		}
+		return val, nil
+	}
+	// A panic in fn is not a step's outcome: it goes on up, as from the
+	// operation's own code.
+	val, err := fn(context.WithValue(ctx, stepNameKey{}, name))
+	if !isFinalOutcome(err) {
+		return val, err
+	}
+	s = backend.Step{Name: name, Failed: err != nil}
+	if err != nil {
+		s.ErrMsg = err.Error()
+	}
+	enc, eerr := op.codec.Marshal(val)
+	if eerr != nil {
+		return val, fmt.Errorf("idem: encoding step %q: %w", name, eerr)
+	}
+	s.Value = enc
+	op.mu.Lock()
+	record := op.record
+	op.mu.Unlock()
+	if record != nil {
+		if rerr := record(context.WithoutCancel(ctx), s); rerr != nil {
+			return val, errors.Join(err, fmt.Errorf("idem: recording step %q: %w", name, rerr))
+		}
+	}
+	op.mu.Lock()
+	if op.steps == nil {
+		op.steps = make(map[string]backend.Step)
+	}
+	op.steps[name] = s
+	op.recorded = op.recorded || record != nil
+	op.mu.Unlock()
+	return val, err
+}
+
+// OperationKey returns a key derived from the key of the operation ctx
+// belongs to (which, for idemhttp, includes the client's scope): the same
+// on every run of the operation, different for every key, and safe to send
+// to another service as its idempotency key. It is "" outside an
+// operation.
+func OperationKey(ctx context.Context) string {
+	op, _ := ctx.Value(operationKey{}).(*operation)
+	if op == nil {
+		return ""
+	}
+	return derivedKey(op.key, "")
+}
+
+// StepKey returns a key derived from the operation's key and the name of
+// the step whose ctx it is (the ctx Step gives fn): the same on every run
+// of the operation, so that a step run again after a crash sends the same
+// key to the service it calls, which then recognises the repeat. It is
+// OperationKey outside a step, and "" outside an operation.
+func StepKey(ctx context.Context) string {
+	op, _ := ctx.Value(operationKey{}).(*operation)
+	if op == nil {
+		return ""
+	}
+	name, _ := ctx.Value(stepNameKey{}).(string)
+	return derivedKey(op.key, name)
+}
+
+// derivedKey is a UUID-shaped key (hex of 16 bytes of SHA-256) of key and
+// step: fixed length whatever the key, and of characters every service
+// accepts in a key.
+func derivedKey(key, step string) string {
+	h := sha256.New()
+	h.Write([]byte("idem derived key\x00"))
+	h.Write([]byte(key))
+	h.Write([]byte{0})
+	h.Write([]byte(step))
+	var sum [sha256.Size]byte
+	b := h.Sum(sum[:0])
+	x := hex.EncodeToString(b[:16])
+	return x[:8] + "-" + x[8:12] + "-" + x[12:16] + "-" + x[16:20] + "-" + x[20:32]
+}

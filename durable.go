@@ -106,9 +106,9 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 			t.val, t.err = s.decode(rec)
 			return backend.Record{}, sent, nil
 		}
-		if st, ok := b.(backend.Stepper); ok && s.opts.Resume && len(rec.Steps) > 0 {
-			// Its operation reached a recovery point: take the claim over,
-			// steps and all, and run on from there.
+		if st, ok := b.(backend.Stepper); ok && s.opts.Resume {
+			// Take the claim over, steps and all, and run on from its last
+			// recovery point (from the start, if it recorded none).
 			sent = time.Now()
 			resumed, err := st.Resume(ctx, key, rec.Token, newToken(), s.opts.Now(), s.opts.Lease)
 			switch {

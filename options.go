@@ -85,15 +85,17 @@ type Options struct {
 	// returns ErrOutcomeUnknown until Forget clears it.
 	RetryInterrupted bool
 
-	// Resume makes operations that record steps (Step) resumable, with a
-	// Backend that records them (backend.Stepper: bolt, sqlite). Each
-	// step's outcome is recorded under the key as it finishes; a key whose
-	// operation was interrupted after a step, or failed with an ordinary
-	// error after one, stays at that recovery point (it is not released),
-	// and the next call takes it over and runs on from there, recorded
-	// steps returning their outcomes without running. An interrupted key
-	// with no step recorded is as without Resume. False means Step records
-	// nothing, and every key behaves as documented above.
+	// Resume makes operations resumable, with a Backend that records steps
+	// (backend.Stepper: bolt, sqlite; with another it is ignored). Each
+	// step's outcome (Step) is recorded under the key as it finishes. A key
+	// whose operation was interrupted (its process died), or failed with an
+	// ordinary error after a step, stays at its last recovery point (it is
+	// not released), and the next call takes it over and runs fn again from
+	// the start: the recorded steps return their outcomes without running,
+	// and the rest run. An operation interrupted before its first step so
+	// runs again whole, as with RetryInterrupted: set Resume for operations
+	// whose side effects are all in steps, or safe to repeat. False means
+	// Step records nothing, and every key behaves as documented above.
 	Resume bool
 
 	// Observer is told what the store does, for metrics and traces

@@ -228,3 +228,29 @@ func TestStepResultSurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
 }
+
+// plainBackend hides its backend's Stepper methods.
+type plainBackend struct{ backend.Backend }
+
+// With a Backend that records no steps, Resume is ignored: Step records
+// nothing, and an interrupted key is ErrOutcomeUnknown.
+func TestResumeIgnoredWithoutStepper(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	b := plainBackend{mem}
+	ctx := context.Background()
+	first := idem.New[string](idem.Options{Backend: b, Resume: true})
+	defer first.Close()
+	atGate, wake := make(chan struct{}), make(chan struct{})
+	op := &threeSteps{gate: func(context.Context) error { close(atGate); <-wake; return errors.New("gone") }}
+	go func() { _, _ = first.RunOnce(ctx, "k", "p", op.fn) }()
+	<-atGate
+	mem.Crash()
+	rec, _, err := b.Get(ctx, "k", time.Now())
+	require.NoError(t, err)
+	assert.Empty(t, rec.Steps)
+	second := idem.New[string](idem.Options{Backend: b, Resume: true})
+	defer second.Close()
+	_, err = second.RunOnce(ctx, "k", "p", (&threeSteps{}).fn)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	close(wake)
+}

@@ -6,7 +6,9 @@
 // atomically, which of many concurrent claims wins, and a replay writes
 // nothing. An expired record is taken over by one conditional UPDATE.
 // Complete, Release and Renew compare the claim's token in their WHERE
-// clause, so a stale owner can never write over a newer claim.
+// clause, so a stale owner can never write over a newer claim. So do
+// RecordStep and Resume (backend.Stepper): a record's steps are one encoded
+// column, rewritten under the row's lock.
 //
 // Time is the server's: every lease, expiry and creation instant is made
 // and compared by the statements themselves (clock_timestamp()), from
@@ -47,8 +49,9 @@ type Options struct {
 	Table string
 
 	// NoMigrate leaves the schema alone: the table must already exist, as
-	// Schema creates it. False means New creates the table and its index if
-	// they are absent.
+	// Schema creates it (one made before steps needs their column: see
+	// schema.sql). False means New creates the table and its index if they
+	// are absent, and adds the steps column to a table made before it.
 	NoMigrate bool
 }
 
@@ -73,24 +76,36 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backend, error
 	b := &Backend{pool: pool, q: newQueries(table)}
 	if !opts.NoMigrate {
 		index := pgx.Identifier{strings.ReplaceAll(name, ".", "_") + "_expiry"}.Sanitize()
-		if err := migrate(ctx, pool, table, createSQL(table, index)); err != nil {
+		if err := migrate(ctx, pool, table, index); err != nil {
 			return nil, fmt.Errorf("postgres: creating table %s: %w", table, err)
 		}
 	}
 	return b, nil
 }
 
-// migrate runs create under a transaction-scoped advisory lock named after
-// the table, so that replicas starting together take turns: CREATE ... IF
-// NOT EXISTS alone is not safe to run concurrently (two sessions can both
-// find the type absent and collide on the catalog's unique index). The one
-// that waits sees, with a fresh snapshot, that the table is there.
-func migrate(ctx context.Context, pool *pgxpool.Pool, table, create string) error {
+// migrate creates the table and its index, and adds the steps column to a
+// table made before it, under a transaction-scoped advisory lock named
+// after the table, so that replicas starting together take turns: CREATE
+// ... IF NOT EXISTS alone is not safe to run concurrently (two sessions can
+// both find the type absent and collide on the catalog's unique index). The
+// one that waits sees, with a fresh snapshot, that the table is there.
+func migrate(ctx context.Context, pool *pgxpool.Pool, table, index string) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "idem migrate "+table); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, create)
+		if _, err := tx.Exec(ctx, createSQL(table, index)); err != nil {
+			return err
+		}
+		// ALTER TABLE takes an ACCESS EXCLUSIVE lock on the table even when
+		// the column is there, which would stall every query on a busy
+		// table each time a replica starts: ask the catalog first.
+		var has bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+    WHERE attrelid = $1::text::regclass AND attname = 'steps' AND NOT attisdropped)`, table).Scan(&has); err != nil || has {
+			return err
+		}
+		_, err := tx.Exec(ctx, `ALTER TABLE `+table+` ADD COLUMN IF NOT EXISTS steps bytea`)
 		return err
 	})
 }
@@ -107,7 +122,8 @@ func createSQL(table, index string) string {
     lease_until timestamptz,
     value       bytea,
     failed      boolean     NOT NULL DEFAULT false,
-    err_msg     text        NOT NULL DEFAULT ''
+    err_msg     text        NOT NULL DEFAULT '',
+    steps       bytea
 );
 CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE state = 2;`
 }
@@ -115,9 +131,10 @@ CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE sta
 // queries are the statements, written once for the table's name.
 type queries struct {
 	claim, takeOver, complete, completeTx, release, renew, get, forget, exists, sweep, all string
+	lockSteps, setSteps, resume                                                            string
 }
 
-const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg`
+const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg, steps`
 
 // Every instant is the server's: the statements compute them from
 // clock_timestamp() (the moment the statement runs, even inside a long
@@ -132,7 +149,7 @@ const (
 	// live excludes completed records that have expired.
 	live = `NOT (state = 2 AND expires_at <= ` + serverNow + `)`
 	// seenColumns are columns with the state as seen.
-	seenColumns = `key, fingerprint, token, ` + seen + `, created_at, expires_at, lease_until, value, failed, err_msg`
+	seenColumns = `key, fingerprint, token, ` + seen + `, created_at, expires_at, lease_until, value, failed, err_msg, steps`
 )
 
 // after is the SQL for the instant that many microseconds (parameter p)
@@ -159,7 +176,7 @@ SELECT false, NOT (` + live + `), ` + seenColumns + ` FROM ` + t + ` WHERE key =
 		// Takes over a record that expired, atomically: the WHERE clause is
 		// checked against the row as it stands when the UPDATE locks it.
 		takeOver: `UPDATE ` + t + ` SET fingerprint = $2, token = $3, state = 1, created_at = ` + serverNow + `, expires_at = NULL,
-    lease_until = ` + after("$4") + `, value = NULL, failed = false, err_msg = ''
+    lease_until = ` + after("$4") + `, value = NULL, failed = false, err_msg = '', steps = NULL
 WHERE key = $1 AND NOT (` + live + `)
 RETURNING true, false, ` + columns,
 		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + $3::bigint * interval '1 microsecond', lease_until = NULL,
@@ -184,6 +201,20 @@ WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_un
 		sweep: `DELETE FROM ` + t + ` WHERE key IN (
     SELECT key FROM ` + t + ` WHERE state = 2 AND expires_at <= now()
     ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+		// RecordStep's read: the steps of the claim token holds, locked
+		// until its transaction ends, and the server's now for the step.
+		// Under the lock no Resume, Complete or Forget can slip in between
+		// this check and setSteps.
+		lockSteps: `SELECT steps, ` + serverNow + ` FROM ` + t + `
+WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `)
+FOR UPDATE`,
+		setSteps: `UPDATE ` + t + ` SET steps = $3 WHERE key = $1 AND token = $2`,
+		// Takes over a record seen as interrupted, atomically, as takeOver
+		// does: concurrent Resumes queue on the row, and those after the
+		// first find another token.
+		resume: `UPDATE ` + t + ` SET token = $3, state = 1, lease_until = ` + after("$4") + `
+WHERE key = $1 AND token = $2 AND ` + seen + ` = 3
+RETURNING ` + columns,
 	}
 }
 
@@ -297,12 +328,17 @@ func scanNext(rows pgx.Rows, extra ...any) (backend.Record, bool, error) {
 	var fp []byte
 	var state int16
 	var expires, lease *time.Time
-	dest := append(extra, &rec.Key, &fp, &rec.Token, &state, &rec.CreatedAt, &expires, &lease, &rec.Value, &rec.Failed, &rec.ErrMsg)
+	var steps []byte
+	dest := append(extra, &rec.Key, &fp, &rec.Token, &state, &rec.CreatedAt, &expires, &lease, &rec.Value, &rec.Failed, &rec.ErrMsg, &steps)
 	if err := rows.Scan(dest...); err != nil {
 		return backend.Record{}, false, err
 	}
 	if len(fp) != len(rec.Fingerprint) {
 		return backend.Record{}, false, fmt.Errorf("postgres: key %q: fingerprint of %d bytes", rec.Key, len(fp))
+	}
+	var err error
+	if rec.Steps, err = backend.ReadSteps(steps); err != nil {
+		return backend.Record{}, false, fmt.Errorf("postgres: key %q: %w", rec.Key, err)
 	}
 	copy(rec.Fingerprint[:], fp)
 	rec.State = backend.RecordState(state)

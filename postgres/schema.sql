@@ -1,6 +1,8 @@
 -- The table idem's postgres backend keeps its records in, for teams that
 -- manage schemas themselves (then pass Options.NoMigrate). postgres.New
 -- creates the same table, with the name from Options.Table, if absent.
+-- A table made before steps were recorded needs their column:
+--   ALTER TABLE idem_keys ADD COLUMN IF NOT EXISTS steps bytea;
 CREATE TABLE IF NOT EXISTS idem_keys (
     key         text        PRIMARY KEY,
     fingerprint bytea       NOT NULL,
@@ -11,6 +13,7 @@ CREATE TABLE IF NOT EXISTS idem_keys (
     lease_until timestamptz,                       -- pending: until when the owner's claim holds
     value       bytea,                             -- completed: the encoded result
     failed      boolean     NOT NULL DEFAULT false, -- completed with a final error
-    err_msg     text        NOT NULL DEFAULT ''
+    err_msg     text        NOT NULL DEFAULT '',
+    steps       bytea                              -- the steps the operation recorded (backend.AppendSteps)
 );
 CREATE INDEX IF NOT EXISTS idem_keys_expiry ON idem_keys (expires_at) WHERE state = 2;

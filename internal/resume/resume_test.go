@@ -10,14 +10,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
+	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/sqlite"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -153,10 +156,41 @@ func open(kind, where string) (backend.Backend, func(), error) {
 			return nil, nil, err
 		}
 		return b, func() { db.Close() }, nil
+	case "postgres":
+		pool, err := pgxpool.New(context.Background(), os.Getenv("IDEM_POSTGRES_DSN"))
+		if err != nil {
+			return nil, nil, err
+		}
+		b, err := postgres.New(context.Background(), pool, postgres.Options{Table: where})
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		return b, pool.Close, nil
 	}
 	return nil, nil, fmt.Errorf("unknown backend %q", kind)
 }
 
+// place returns where a test of kind keeps its records: a new file, or a
+// new table dropped when the test ends; it skips a test whose service is
+// not configured.
+func place(t *testing.T, kind string) string {
+	if kind != "postgres" {
+		return filepath.Join(t.TempDir(), "idem.db")
+	}
+	dsn := os.Getenv("IDEM_POSTGRES_DSN")
+	if dsn == "" {
+		t.Skip("IDEM_POSTGRES_DSN is not set: set it (e.g. postgres://postgres@127.0.0.1:5432/test) to run the PostgreSQL tests")
+	}
+	table := "idem_resume_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		if pool, err := pgxpool.New(context.Background(), dsn); err == nil {
+			_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table)
+			pool.Close()
+		}
+	})
+	return table
+}
 
 // TestKilledAtEveryStepBoundary kills the process running a three-step
 // operation before, inside and after each step; the next call, from this
@@ -164,7 +198,7 @@ func open(kind, where string) (backend.Backend, func(), error) {
 // service happened exactly once (a step killed inside ran twice, with the
 // same derived key, and the service recognised the repeat).
 func TestKilledAtEveryStepBoundary(t *testing.T) {
-	for _, kind := range []string{"bolt", "sqlite"} {
+	for _, kind := range []string{"bolt", "sqlite", "postgres"} {
 		t.Run(kind, func(t *testing.T) {
 			for i := range steps {
 				for _, at := range []string{"before", "inside", "after"} {
@@ -180,7 +214,7 @@ func killedAt(t *testing.T, kind, kill string) {
 	svc := &service{seen: map[string]bool{}, effects: map[string]int{}, calls: map[string]int{}}
 	srv := httptest.NewServer(svc)
 	defer srv.Close()
-	where := filepath.Join(t.TempDir(), "idem.db")
+	where := place(t, kind)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+kind, whereEnv+"="+where, killEnv+"="+kill, serviceEnv+"="+srv.URL)

@@ -76,7 +76,9 @@ func (op *operation) hasSteps() bool {
 // Codec, without calling fn; the step that was running when the operation
 // stopped runs again, with the same StepKey. An ordinary error from fn is
 // returned and not recorded. Without Resume or a Stepper, Step calls fn
-// once per run of the operation and records nothing.
+// once per run of the operation and records nothing; so too inside a
+// transactional mode's fn (RunOnceTx, BeginLocal), whose work commits all
+// at once or not at all.
 //
 // A name is one step: the same name twice in one operation returns the
 // first call's outcome. If the step's outcome cannot be recorded (the

@@ -9,6 +9,13 @@
 // a stale owner can never write over a newer claim. Every script touches one
 // key, so all of them work on Redis Cluster.
 //
+// A record with steps (backend.Stepper) has a fifth header field, the
+// length of its steps, which follow the binary record as
+// backend.AppendSteps writes them: "state|lease|token|created|n|", the
+// record, n bytes of steps. The scripts never read the steps, only carry
+// them over (Complete) or keep the value's tail whole (Renew, Resume), and
+// a record without steps is stored byte for byte as before steps.
+//
 // A completed record is given a Redis TTL at its expiry, so Redis removes it
 // itself; a pending or interrupted record has none, since it must outlive a
 // dead owner until an operator clears it. Sweep only tidies the expiry index.
@@ -87,34 +94,84 @@ func blob(rec backend.Record) (string, error) {
 	return string(enc), err
 }
 
-// decode reads a stored value: the header "state|lease|token|created|",
-// then the binary record. expires is the key's expiry (ms), lapsed whether
-// the server found its lease lapsed. (Values written before the header had
-// its created field lack it, and keep the record's own.)
-func decode(key, v string, expires int64, lapsed bool) (backend.Record, error) {
+// A value is a stored value taken apart: the header's fields, the binary
+// record, and the steps that follow it (backend.AppendSteps; empty for a
+// record without steps).
+type value struct {
+	state, lease, token string
+	// created is "" in values written before the header had it, which keep
+	// the record's own; such a value has no steps.
+	created       string
+	record, steps string
+}
+
+func parseValue(key, v string) (value, error) {
 	var fields [3]string
 	rest := v
 	for n := range fields {
 		j := strings.IndexByte(rest, '|')
 		if j < 0 {
-			return backend.Record{}, fmt.Errorf("redis: record %q has no header", key)
+			return value{}, fmt.Errorf("redis: record %q has no header", key)
 		}
 		fields[n], rest = rest[:j], rest[j+1:]
 	}
-	created := int64(-1)
-	if j := strings.IndexByte(rest, '|'); j > 0 {
-		if ms, err := strconv.ParseInt(rest[:j], 10, 64); err == nil {
-			created, rest = ms, rest[j+1:]
+	val := value{state: fields[0], lease: fields[1], token: fields[2]}
+	// The binary record starts with its version, a byte below '0', so a
+	// field of digits before it is the header's.
+	var ok bool
+	if val.created, rest, ok = digits(rest); ok {
+		if n, tail, ok := digits(rest); ok {
+			size, err := strconv.Atoi(n)
+			if err != nil || size > len(tail) {
+				return value{}, fmt.Errorf("redis: record %q: steps of %s bytes in a value of %d", key, n, len(tail))
+			}
+			rest, val.steps = tail[:len(tail)-size], tail[len(tail)-size:]
 		}
 	}
+	val.record = rest
+	return val, nil
+}
+
+// digits splits a leading header field of digits, ended by '|', off s.
+func digits(s string) (field, rest string, ok bool) {
+	j := strings.IndexByte(s, '|')
+	if j <= 0 || strings.Trim(s[:j], "0123456789") != "" {
+		return "", s, false
+	}
+	return s[:j], s[j+1:], true
+}
+
+// String is the value as stored.
+func (v value) String() string {
+	h := v.state + "|" + v.lease + "|" + v.token + "|"
+	if v.created != "" {
+		h += v.created + "|"
+	}
+	if v.steps != "" {
+		h += strconv.Itoa(len(v.steps)) + "|"
+	}
+	return h + v.record + v.steps
+}
+
+// decode reads a stored value. expires is the key's expiry (ms), lapsed
+// whether the server found its lease lapsed.
+func decode(key, v string, expires int64, lapsed bool) (backend.Record, error) {
+	val, err := parseValue(key, v)
+	if err != nil {
+		return backend.Record{}, err
+	}
 	var rec backend.Record
-	if err := rec.UnmarshalBinary([]byte(rest)); err != nil {
+	if err := rec.UnmarshalBinary([]byte(val.record)); err != nil {
 		return rec, fmt.Errorf("redis: record %q: %w", key, err)
 	}
-	state, _ := strconv.Atoi(fields[0])
-	lease, _ := strconv.ParseInt(fields[1], 10, 64)
-	rec.State, rec.LeaseUntil, rec.Token = backend.RecordState(state), fromMillis(lease), fields[2]
-	if created >= 0 {
+	if rec.Steps, err = backend.ReadSteps([]byte(val.steps)); err != nil {
+		return rec, fmt.Errorf("redis: record %q: %w", key, err)
+	}
+	state, _ := strconv.Atoi(val.state)
+	lease, _ := strconv.ParseInt(val.lease, 10, 64)
+	rec.State, rec.LeaseUntil, rec.Token = backend.RecordState(state), fromMillis(lease), val.token
+	if val.created != "" {
+		created, _ := strconv.ParseInt(val.created, 10, 64)
 		rec.CreatedAt = fromMillis(created)
 	}
 	rec.ExpiresAt = time.Time{}
@@ -150,7 +207,8 @@ func fromMillis(ms int64) time.Time {
 }
 
 // The scripts. A record's value is "state|lease|token|created|" and the
-// binary record; lease and created are milliseconds by the server's clock,
+// binary record (with steps, their length and then them: see the package
+// doc, and steps.go for the scripts of backend.Stepper); lease and created are milliseconds by the server's clock,
 // which every script reads with TIME, so the callers' clocks never decide a
 // lease or an expiry. (Redis 7 replicates a script's effects, not the
 // script, so reading TIME is allowed.) A completed record expires at PXAT.
@@ -196,14 +254,19 @@ if not v then return nil end
 	// ARGV[1] token, ARGV[2] binary record, ARGV[3] TTL (ms), ARGV[4] the
 	// key's name in the index, ARGV[5] its score there. Returns 1, or 0 if
 	// the token does not hold an unsettled claim. The record expires PX
-	// after the server's now. (A value written before the header had its
-	// created field has an empty one here.)
+	// after the server's now, and keeps its steps: the steps' length field,
+	// if the header has one (digits after created, where a record starts
+	// with its version byte), and the steps at the value's end. (A value
+	// written before the header had its created field has an empty one
+	// here, and no steps.)
 	completeScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local st, tok, created = string.match(v, '^(%d)|%d*|([^|]*)|(%d*)')
+local st, tok, created, e = string.match(v, '^(%d)|%d*|([^|]*)|(%d*)|?()')
 if tok ~= ARGV[1] or st == '2' then return 0 end
 if created == '' then created = '0' end
-redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. ARGV[2], 'PX', ARGV[3])
+local n, steps = string.match(v, '^(%d+)|', e), ''
+if n then steps = string.sub(v, -tonumber(n)); n = n .. '|' else n = '' end
+redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. n .. ARGV[2] .. steps, 'PX', ARGV[3])
 if KEYS[2] then redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4]) end
 return 1`)
 

@@ -86,7 +86,8 @@ type Options struct {
 	RetryInterrupted bool
 
 	// Resume makes operations resumable, with a Backend that records steps
-	// (backend.Stepper: bolt, sqlite; with another it is ignored). Each
+	// (backend.Stepper: bolt, sqlite, postgres, redis; with another it is
+	// ignored). Each
 	// step's outcome (Step) is recorded under the key as it finishes. A key
 	// whose operation was interrupted (its process died), or failed with an
 	// ordinary error after a step, stays at its last recovery point (it is

@@ -22,8 +22,8 @@ type Step struct {
 }
 
 // A Stepper is a Backend that records steps, for operations that resume
-// rather than end interrupted. bolt, sqlite and idemtest's MemoryBackend
-// implement it.
+// rather than end interrupted. bolt, sqlite, postgres, redis and
+// idemtest's MemoryBackend implement it.
 type Stepper interface {
 	Backend
 

@@ -17,10 +17,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/postgres"
+	"github.com/seed094d4201/idem/redis"
 	"github.com/seed094d4201/idem/sqlite"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -167,6 +169,9 @@ func open(kind, where string) (backend.Backend, func(), error) {
 			return nil, nil, err
 		}
 		return b, pool.Close, nil
+	case "redis":
+		rdb := goredis.NewClient(&goredis.Options{Addr: os.Getenv("IDEM_REDIS_ADDR")})
+		return redis.New(rdb, redis.Options{Prefix: where}), func() { rdb.Close() }, nil
 	}
 	return nil, nil, fmt.Errorf("unknown backend %q", kind)
 }
@@ -175,8 +180,23 @@ func open(kind, where string) (backend.Backend, func(), error) {
 // new table dropped when the test ends; it skips a test whose service is
 // not configured.
 func place(t *testing.T, kind string) string {
-	if kind != "postgres" {
+	switch kind {
+	case "bolt", "sqlite":
 		return filepath.Join(t.TempDir(), "idem.db")
+	case "redis":
+		addr := os.Getenv("IDEM_REDIS_ADDR")
+		if addr == "" {
+			t.Skip("IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to run the Redis tests")
+		}
+		prefix := "idem-resume-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+		t.Cleanup(func() {
+			rdb := goredis.NewClient(&goredis.Options{Addr: addr})
+			defer rdb.Close()
+			if keys, err := rdb.Keys(context.Background(), prefix+"*").Result(); err == nil && len(keys) > 0 {
+				rdb.Del(context.Background(), keys...)
+			}
+		})
+		return prefix
 	}
 	dsn := os.Getenv("IDEM_POSTGRES_DSN")
 	if dsn == "" {
@@ -198,7 +218,7 @@ func place(t *testing.T, kind string) string {
 // service happened exactly once (a step killed inside ran twice, with the
 // same derived key, and the service recognised the repeat).
 func TestKilledAtEveryStepBoundary(t *testing.T) {
-	for _, kind := range []string{"bolt", "sqlite", "postgres"} {
+	for _, kind := range []string{"bolt", "sqlite", "postgres", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			for i := range steps {
 				for _, at := range []string{"before", "inside", "after"} {

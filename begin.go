@@ -74,12 +74,17 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 			return e.err
 		}
 		t.e = e
+		orig := t.ctx
 		t.ctx, t.op = s.withOperation(t.ctx, key)
 		if s.opts.Backend == nil || local {
 			t.startSpan()
 			return nil
 		}
-		return s.beginDurable(ctx, t)
+		err = s.beginDurable(ctx, t)
+		if t.e == nil { // a replay, or no claim: no operation either
+			t.ctx, t.op = orig, nil
+		}
+		return err
 	}
 }
 

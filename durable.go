@@ -27,11 +27,15 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			// The claim's reply came too late to trust its lease: another
 			// store may already take the key for interrupted, so the work
 			// must not start.
-			s.releaseOrLater(context.WithoutCancel(ctx), claim.Key, claim.Token)
+			if len(claim.Steps) > 0 { // resumed: keep its recovery point
+				s.lapse(context.WithoutCancel(ctx), claim)
+			} else {
+				s.releaseOrLater(context.WithoutCancel(ctx), claim.Key, claim.Token)
+			}
 			err = &BackendError{Op: "claim", Err: errors.New("the lease ran out before the work could start")}
 		} else {
 			if st, ok := s.opts.Backend.(backend.Stepper); ok && s.opts.Resume {
-				t.op.resumeWith(st, claim, s.opts.Now)
+				t.op.resumeWith(st, claim, s.opts.Now, s.opts.SettleTimeout, s.stopping)
 			}
 			t.startSpan()
 			work, cancelWork := s.workContext(t.ctx, nil)
@@ -110,12 +114,21 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 			// Take the claim over, steps and all, and run on from its last
 			// recovery point (from the start, if it recorded none).
 			sent = time.Now()
-			resumed, err := st.Resume(ctx, key, rec.Token, newToken(), s.opts.Now(), s.opts.Lease)
+			token := newToken()
+			resumed, err := st.Resume(ctx, key, rec.Token, token, s.opts.Now(), s.opts.Lease)
 			switch {
 			case err == nil:
 				return resumed, sent, nil
 			case errors.Is(err, backend.ErrNotOwner):
 				continue // another store resumed it, or it changed: look again
+			}
+			// The reply may be lost after the resume landed: read back, and
+			// run under the claim if it is ours, as claimDurable does.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.SettleTimeout)
+			got, found, gerr := b.Get(rctx, key, s.opts.Now())
+			cancel()
+			if gerr == nil && found && got.Token == token && got.State == backend.StatePending {
+				return got, sent, nil
 			}
 			return backend.Record{}, sent, &BackendError{Op: "resume", Err: err}
 		}
@@ -248,7 +261,7 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 		// recorded, and the next call resumes from there. Its lease is
 		// made to lapse now, so that call need not wait it out; if that
 		// fails, it lapses on its own.
-		_ = s.opts.Backend.Renew(record, claim.Key, claim.Token, s.opts.Now(), time.Nanosecond)
+		s.lapse(record, claim)
 		return val, err, false
 	}
 	if !final {
@@ -276,6 +289,18 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 		return val, errors.Join(err, &NotRecordedError{Err: rerr}), !lost
 	}
 	return val, err, false
+}
+
+// lapse ends claim's lease now, keeping its record and steps, so that the
+// next call resumes it at once rather than waiting the lease out. It is a
+// Renew whose lease ends at the store's now (a backend on the store's clock
+// then sees it lapsed even if that clock stands still, as a test's does),
+// or a nanosecond after a server's now. If it fails, the lease lapses on
+// its own.
+func (s *Store[R]) lapse(ctx context.Context, claim backend.Record) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
+	defer cancel()
+	_ = s.opts.Backend.Renew(ctx, claim.Key, claim.Token, s.opts.Now().Add(-time.Nanosecond), time.Nanosecond)
 }
 
 // Options returns the options the store runs with, defaults applied.

@@ -25,10 +25,19 @@ type operation struct {
 
 	mu       sync.Mutex
 	steps    map[string]backend.Step // guarded by mu; recorded, or resumed with the claim
+	done     map[string]*stepCall    // guarded by mu; this run's steps, finished or running
 	recorded bool                    // guarded by mu; whether the claim holds a step
 	// record records a step durably under the claim, fenced by its token;
 	// nil when steps are not recorded (no Stepper, or Options.Resume off).
 	record func(ctx context.Context, s backend.Step) error
+}
+
+// A stepCall is one step of this run: the first call of a name runs it,
+// and the others wait for it (as with singleflight) and share its outcome.
+type stepCall struct {
+	ready chan struct{} // closed once val and err are set
+	val   any
+	err   error
 }
 
 type operationKey struct{}
@@ -40,12 +49,16 @@ func (s *Store[R]) withOperation(ctx context.Context, key string) (context.Conte
 	return context.WithValue(ctx, operationKey{}, op), op
 }
 
-// resumeWith lets op record steps under claim, and gives it the steps
+// resumeWith lets op record steps under claim, each write bounded by
+// settle and by the store's closing (stopping), and gives it the steps
 // claim holds from an earlier run.
-func (op *operation) resumeWith(st backend.Stepper, claim backend.Record, now func() time.Time) {
+func (op *operation) resumeWith(st backend.Stepper, claim backend.Record, now func() time.Time, settle time.Duration, stopping context.Context) {
 	op.mu.Lock()
 	defer op.mu.Unlock()
 	op.record = func(ctx context.Context, s backend.Step) error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settle)
+		defer cancel()
+		defer context.AfterFunc(stopping, cancel)()
 		return st.RecordStep(ctx, claim.Key, claim.Token, s, now())
 	}
 	for _, s := range claim.Steps {
@@ -64,28 +77,32 @@ func (op *operation) hasSteps() bool {
 	return op.recorded
 }
 
+// errEmptyStepName is returned by Step for the name "", whose StepKey would
+// be the operation's own.
+var errEmptyStepName = errors.New("idem: a step needs a name")
+
 // Step runs fn as the step called name of the operation ctx belongs to (the
 // ctx RunOnce gives its fn, or a Ticket's Context) and returns its outcome.
 //
 // With a Store whose Options.Resume is set and whose Backend records steps
 // (backend.Stepper: bolt, sqlite, postgres, redis), the step's success, or
-// an error marked
-// Final, is recorded durably under the operation's key, fenced by its
-// claim's token, before Step returns. When the operation runs again (its
-// process died, or it failed with an ordinary error after a step), a
-// recorded step returns its recorded outcome, decoded with the Store's
-// Codec, without calling fn; the step that was running when the operation
-// stopped runs again, with the same StepKey. An ordinary error from fn is
-// returned and not recorded. Without Resume or a Stepper, Step calls fn
-// once per run of the operation and records nothing; so too inside a
-// transactional mode's fn (RunOnceTx, BeginLocal), whose work commits all
-// at once or not at all.
+// an error marked Final, is recorded durably under the operation's key,
+// fenced by its claim's token, before Step returns. When the operation
+// runs again (its process died, or it failed with an ordinary error after
+// a step), a recorded step returns its recorded outcome, decoded with the
+// Store's Codec, without calling fn; the step that was running when the
+// operation stopped runs again, with the same StepKey. An ordinary error
+// from fn is returned and not recorded. Without Resume or a Stepper, Step
+// calls fn once per run of the operation and records nothing; so too
+// inside a transactional mode's fn (RunOnceTx, BeginLocal), whose work
+// commits all at once or not at all.
 //
-// A name is one step: the same name twice in one operation returns the
-// first call's outcome. If the step's outcome cannot be recorded (the
-// claim was lost to another owner, or the backend failed), Step returns
-// fn's result with an error: the operation should fail, and its next run
-// runs the step again.
+// A name is one step: a second call of a name in one run, even at the same
+// time from another goroutine, waits for the first and returns its
+// outcome. If the step's outcome cannot be recorded (the claim was lost to
+// another owner, the backend failed for Options.SettleTimeout, the store
+// closed), Step returns fn's result with an error: the operation should
+// fail, and its next run runs the step again.
 func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	op, _ := ctx.Value(operationKey{}).(*operation)
@@ -94,53 +111,80 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		return zero, ErrNoOperation
 	case fn == nil:
 		return zero, errNilFunc
+	case name == "":
+		return zero, errEmptyStepName
 	}
 	op.mu.Lock()
-	s, done := op.steps[name]
+	if c, ok := op.done[name]; ok { // this run's: wait for it
+		op.mu.Unlock()
+		<-c.ready
+		val, ok := c.val.(T)
+		if !ok && c.val != nil {
+			return zero, fmt.Errorf("idem: step %q was called with %T before, not %T", name, c.val, zero)
+		}
+		return val, c.err
+	}
+	s, recorded := op.steps[name]
+	c := &stepCall{ready: make(chan struct{})}
+	if op.done == nil {
+		op.done = make(map[string]*stepCall)
+	}
+	op.done[name] = c
+	record := op.record
 	op.mu.Unlock()
-	if done {
-		var val T
-		if len(s.Value) > 0 {
-			if err := unmarshal(op.codec, s.Value, &val); err != nil {
-				return zero, fmt.Errorf("idem: decoding step %q: %w", name, err)
-			}
+
+	val, err := zero, error(nil)
+	defer func() { // even if fn panics: the waiters get its *PanicError
+		if p := recover(); p != nil {
+			c.val, c.err = zero, &PanicError{Value: p}
+			close(c.ready)
+			panic(p)
 		}
-		if s.Failed {
-			return val, Final(errors.New(s.ErrMsg))
-		}
-		return val, nil
+		c.val, c.err = val, err
+		close(c.ready)
+	}()
+	if recorded {
+		val, err = decodeStep[T](op.codec, s)
+		return val, err
 	}
 	// A panic in fn is not a step's outcome: it goes on up, as from the
 	// operation's own code.
-	val, err := fn(context.WithValue(ctx, stepNameKey{}, name))
-	if !isFinalOutcome(err) {
+	val, err = fn(context.WithValue(ctx, stepNameKey{}, name))
+	if !isFinalOutcome(err) || record == nil {
 		return val, err
 	}
 	s = backend.Step{Name: name, Failed: err != nil}
 	if err != nil {
 		s.ErrMsg = err.Error()
 	}
-	enc, eerr := op.codec.Marshal(val)
+	enc, eerr := marshal(op.codec, val)
 	if eerr != nil {
-		return val, fmt.Errorf("idem: encoding step %q: %w", name, eerr)
+		err = errors.Join(err, fmt.Errorf("idem: encoding step %q: %w", name, eerr))
+		return val, err
 	}
 	s.Value = enc
-	op.mu.Lock()
-	record := op.record
-	op.mu.Unlock()
-	if record != nil {
-		if rerr := record(context.WithoutCancel(ctx), s); rerr != nil {
-			return val, errors.Join(err, fmt.Errorf("idem: recording step %q: %w", name, rerr))
-		}
+	if rerr := record(ctx, s); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("idem: recording step %q: %w", name, rerr))
+		return val, err
 	}
 	op.mu.Lock()
-	if op.steps == nil {
-		op.steps = make(map[string]backend.Step)
-	}
-	op.steps[name] = s
-	op.recorded = op.recorded || record != nil
+	op.recorded = true
 	op.mu.Unlock()
 	return val, err
+}
+
+// decodeStep returns a recorded step's outcome.
+func decodeStep[T any](codec Codec, s backend.Step) (T, error) {
+	var val T
+	if len(s.Value) > 0 {
+		if err := unmarshal(codec, s.Value, &val); err != nil {
+			return val, fmt.Errorf("idem: decoding step %q: %w", s.Name, err)
+		}
+	}
+	if s.Failed {
+		return val, Final(errors.New(s.ErrMsg))
+	}
+	return val, nil
 }
 
 // OperationKey returns a key derived from the key of the operation ctx

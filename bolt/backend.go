@@ -376,7 +376,15 @@ func (b *Backend) Complete(ctx context.Context, rec backend.Record, now time.Tim
 		done := claim
 		done.State, done.ExpiresAt, done.LeaseUntil = backend.StateCompleted, now.Add(ttl), time.Time{}
 		done.Value, done.Failed, done.ErrMsg = rec.Value, rec.Failed, rec.ErrMsg
-		if err := put(records, done); err != nil {
+		err = put(records, done)
+		if errors.Is(err, ErrTooLarge) && len(done.Steps) > 0 {
+			// The outcome is what replays now: the steps keep their names
+			// and times, not their results, rather than leave the operation
+			// unable to complete.
+			done.Steps = withoutValues(done.Steps)
+			err = put(records, done)
+		}
+		if err != nil {
 			return err
 		}
 		if err := tx.Bucket(bucketPending).Delete(pendingKey(claim)); err != nil {

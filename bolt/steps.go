@@ -60,3 +60,12 @@ func (b *Backend) Resume(ctx context.Context, key, old, token string, now time.T
 	})
 	return rec, err
 }
+
+// withoutValues returns steps with their names and times only.
+func withoutValues(steps []backend.Step) []backend.Step {
+	out := make([]backend.Step, len(steps))
+	for i, s := range steps {
+		out[i] = backend.Step{Name: s.Name, At: s.At, Failed: s.Failed}
+	}
+	return out
+}

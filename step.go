@@ -77,6 +77,10 @@ func (op *operation) hasSteps() bool {
 	return op.recorded
 }
 
+// errStepExited is what the other callers of a step get when its fn ended
+// its goroutine (runtime.Goexit) instead of returning.
+var errStepExited = errors.New("idem: the step's fn exited its goroutine")
+
 // errEmptyStepName is returned by Step for the name "", whose StepKey would
 // be the operation's own.
 var errEmptyStepName = errors.New("idem: a step needs a name")
@@ -134,22 +138,29 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	op.mu.Unlock()
 
 	val, err := zero, error(nil)
-	defer func() { // even if fn panics: the waiters get its *PanicError
-		if p := recover(); p != nil {
+	returned := false
+	defer func() { // even if fn panics or exits: the waiters hear of it
+		switch p := recover(); {
+		case p != nil:
 			c.val, c.err = zero, &PanicError{Value: p}
 			close(c.ready)
 			panic(p)
+		case !returned: // runtime.Goexit
+			c.val, c.err = zero, errStepExited
+		default:
+			c.val, c.err = val, err
 		}
-		c.val, c.err = val, err
 		close(c.ready)
 	}()
 	if recorded {
 		val, err = decodeStep[T](op.codec, s)
+		returned = true
 		return val, err
 	}
 	// A panic in fn is not a step's outcome: it goes on up, as from the
 	// operation's own code.
 	val, err = fn(context.WithValue(ctx, stepNameKey{}, name))
+	returned = true
 	if !isFinalOutcome(err) || record == nil {
 		return val, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -253,4 +254,28 @@ func TestResumeIgnoredWithoutStepper(t *testing.T) {
 	_, err = second.RunOnce(ctx, "k", "p", (&threeSteps{}).fn)
 	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	close(wake)
+}
+
+// A step whose fn ends its goroutine (runtime.Goexit, as t.FailNow does)
+// gives the callers waiting on the same name an error, not a zero success.
+func TestStepGoexitTellsTheWaiters(t *testing.T) {
+	s := idem.New[string](idem.Options{})
+	defer s.Close()
+	var waiterErr error
+	_, _ = s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (string, error) {
+		inside, exited := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(exited)
+			_, _ = idem.Step(ctx, "s", func(context.Context) (int, error) {
+				close(inside)
+				runtime.Goexit()
+				return 1, nil
+			})
+		}()
+		<-inside
+		<-exited
+		_, waiterErr = idem.Step(ctx, "s", func(context.Context) (int, error) { return 2, nil })
+		return "", nil
+	})
+	assert.ErrorContains(t, waiterErr, "exited its goroutine")
 }

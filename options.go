@@ -87,16 +87,16 @@ type Options struct {
 
 	// Resume makes operations resumable, with a Backend that records steps
 	// (backend.Stepper: bolt, sqlite, postgres, redis; with another it is
-	// ignored). Each
-	// step's outcome (Step) is recorded under the key as it finishes. A key
-	// whose operation was interrupted (its process died), or failed with an
-	// ordinary error after a step, stays at its last recovery point (it is
-	// not released), and the next call takes it over and runs fn again from
-	// the start: the recorded steps return their outcomes without running,
-	// and the rest run. An operation interrupted before its first step so
-	// runs again whole, as with RetryInterrupted: set Resume for operations
-	// whose side effects are all in steps, or safe to repeat. False means
-	// Step records nothing, and every key behaves as documented above.
+	// ignored). Each step's outcome (Step) is recorded under the key as it
+	// finishes. A key whose operation was interrupted (its process died),
+	// or failed with an ordinary error after a step, stays at its last
+	// recovery point (it is not released), and the next call takes it over
+	// and runs fn again from the start: the recorded steps return their
+	// outcomes without running, and the rest run. An operation interrupted
+	// before its first step so runs again whole, as with RetryInterrupted:
+	// set Resume for operations whose side effects are all in steps, or
+	// safe to repeat. False means Step records nothing, and every key
+	// behaves as documented above.
 	Resume bool
 
 	// Observer is told what the store does, for metrics and traces

@@ -2,8 +2,6 @@ package bolt
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -200,24 +198,8 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 	if err := b.usable(ctx); err != nil {
 		return zero, err // before the key is claimed in memory: a nested call must not wait on itself
 	}
-	t, err := store.BeginLocal(ctx, key, payload)
-	if err != nil {
-		return zero, err
-	}
-	if val, err, ok := t.Replayed(); ok {
-		return val, err
-	}
-	fp, err := opts.Fingerprint(payload)
-	if err != nil {
-		t.Release()
-		return zero, err
-	}
-	return txrun.Do(ctx, t, func(ctx context.Context) (R, error) {
-		val, err, replayed := runOnceTx(ctx, store, b, key, fp, fn)
-		if replayed { // another Store over b recorded it: a replay, not an execution
-			return t.FinishReplayed(val, err)
-		}
-		return val, err
+	return txrun.Run(ctx, store, key, payload, func(ctx context.Context, fp idem.Fingerprint) (R, error, bool) {
+		return runOnceTx(ctx, store, b, key, fp, fn)
 	})
 }
 
@@ -226,7 +208,7 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 // (replayed, for a recorded outcome).
 func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, *bbolt.Tx) (R, error)) (val R, err error, replayed bool) {
 	opts := store.Options()
-	token := txToken()
+	token := txrun.Token()
 	var standing *backend.Record
 	var final error // fn's final error: recorded in a transaction of its own, once fn's writes are undone
 	lerr := b.lend(ctx, func(ctx context.Context, tx *bbolt.Tx) error {
@@ -266,7 +248,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 		return val, lerr, false
 	}
 	if standing != nil {
-		return answer(store, *standing, fp)
+		return txrun.Answer(store, *standing, fp)
 	}
 	return val, nil, false
 }
@@ -296,7 +278,7 @@ func recordFinal[R any](ctx context.Context, store *idem.Store[R], b *Backend, k
 	case err != nil:
 		return val, txrun.Unrecorded(final, &idem.BackendError{Op: "complete", Err: err}), false
 	case standing != nil:
-		return answer(store, *standing, fp)
+		return txrun.Answer(store, *standing, fp)
 	}
 	return val, final, false
 }
@@ -333,26 +315,4 @@ func record(tx *bbolt.Tx, done backend.Record, now time.Time, ttl time.Duration)
 		return err
 	}
 	return tx.Bucket(bucketExpiry).Put(expiryKey(done), nil)
-}
-
-// answer is what RunOnceTx returns for a key whose record stands.
-func answer[R any](store *idem.Store[R], rec backend.Record, fp idem.Fingerprint) (_ R, _ error, replayed bool) {
-	var zero R
-	switch {
-	case rec.Fingerprint != fp:
-		return zero, idem.ErrPayloadMismatch, false
-	case rec.State == backend.StateCompleted:
-		val, err := store.Decode(rec)
-		return val, err, true
-	case rec.State == backend.StatePending:
-		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress), false
-	}
-	return zero, idem.ErrOutcomeUnknown, false
-}
-
-// txToken returns a token unique to one transaction's record.
-func txToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
-	return "tx-" + hex.EncodeToString(b[:])
 }

@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -49,24 +47,8 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 	case fn == nil:
 		return zero, errors.New("postgres: RunOnceTx with a nil fn")
 	}
-	t, err := store.BeginLocal(ctx, key, payload)
-	if err != nil {
-		return zero, err
-	}
-	if val, err, ok := t.Replayed(); ok {
-		return val, err
-	}
-	fp, err := opts.Fingerprint(payload)
-	if err != nil {
-		t.Release()
-		return zero, err
-	}
-	return txrun.Do(ctx, t, func(ctx context.Context) (R, error) {
-		val, err, replayed := runOnceTx(ctx, store, b, key, fp, fn)
-		if replayed { // another process committed it: a replay, not an execution
-			return t.FinishReplayed(val, err)
-		}
-		return val, err
+	return txrun.Run(ctx, store, key, payload, func(ctx context.Context, fp idem.Fingerprint) (R, error, bool) {
+		return runOnceTx(ctx, store, b, key, fp, fn)
 	})
 }
 
@@ -85,7 +67,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 
 	// No lease: the claim is never seen outside this transaction, and it
 	// commits with its outcome or not at all.
-	claim := backend.Record{Key: key, Fingerprint: fp, Token: txToken(), State: backend.StatePending}
+	claim := backend.Record{Key: key, Fingerprint: fp, Token: txrun.Token(), State: backend.StatePending}
 	args := []any{key, fp[:], claim.Token, 0}
 	rec, won, err := claimTx(ctx, tx, b, key, args)
 	switch {
@@ -95,16 +77,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 		val, err := runTx(ctx, store, b, tx, claim, fn)
 		return val, err, false
 	}
-	switch {
-	case rec.Fingerprint != fp:
-		return zero, idem.ErrPayloadMismatch, false
-	case rec.State == backend.StateCompleted:
-		val, err := store.Decode(rec)
-		return val, err, true
-	case rec.State == backend.StatePending:
-		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress), false
-	}
-	return zero, idem.ErrOutcomeUnknown, false
+	return txrun.Answer(store, rec, fp)
 }
 
 // testHookBeforeTakeover, if set, runs between finding an expired record and
@@ -212,11 +185,4 @@ func committed(ctx context.Context, b *Backend, opts idem.Options, xid int64, do
 		case <-time.After(wait):
 		}
 	}
-}
-
-// txToken returns a token unique to one transaction's claim.
-func txToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
-	return "tx-" + hex.EncodeToString(b[:])
 }

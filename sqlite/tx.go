@@ -2,9 +2,7 @@ package sqlite
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -60,24 +58,8 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 	case fn == nil:
 		return zero, errors.New("sqlite: RunOnceTx with a nil fn")
 	}
-	t, err := store.BeginLocal(ctx, key, payload)
-	if err != nil {
-		return zero, err
-	}
-	if val, err, ok := t.Replayed(); ok {
-		return val, err
-	}
-	fp, err := opts.Fingerprint(payload)
-	if err != nil {
-		t.Release()
-		return zero, err
-	}
-	return txrun.Do(ctx, t, func(ctx context.Context) (R, error) {
-		val, err, replayed := runOnceTx(ctx, store, b, key, fp, fn)
-		if replayed { // another process committed it: a replay, not an execution
-			return t.FinishReplayed(val, err)
-		}
-		return val, err
+	return txrun.Run(ctx, store, key, payload, func(ctx context.Context, fp idem.Fingerprint) (R, error, bool) {
+		return runOnceTx(ctx, store, b, key, fp, fn)
 	})
 }
 
@@ -107,7 +89,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	// would, for as long as the work's context lasts (its caller leaves
 	// earlier, on its own ctx).
 	now := store.Options().Now()
-	claim := backend.Record{Key: key, Fingerprint: fp, Token: txToken(), State: backend.StatePending, CreatedAt: now}
+	claim := backend.Record{Key: key, Fingerprint: fp, Token: txrun.Token(), State: backend.StatePending, CreatedAt: now}
 	var tx *sql.Tx
 	var rec backend.Record
 	var won bool
@@ -131,16 +113,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 		return val, err, false
 	}
 	rec, _ = rec.SeenAt(now)
-	switch {
-	case rec.Fingerprint != fp:
-		return zero, idem.ErrPayloadMismatch, false
-	case rec.State == backend.StateCompleted:
-		val, err := store.Decode(rec)
-		return val, err, true
-	case rec.State == backend.StatePending:
-		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress), false
-	}
-	return zero, idem.ErrOutcomeUnknown, false
+	return txrun.Answer(store, rec, fp)
 }
 
 // runTx runs fn in a savepoint of tx, which holds the new claim, and commits
@@ -205,11 +178,4 @@ func committed(ctx context.Context, b *Backend, opts idem.Options, done backend.
 	defer cancel()
 	rec, ok, err := scanOne(b.query(ctx, nil, b.q.get, done.Key))
 	return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
-}
-
-// txToken returns a token unique to one transaction's claim.
-func txToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
-	return "tx-" + hex.EncodeToString(b[:])
 }

@@ -1,13 +1,18 @@
 // Package txrun holds what the transactional modes (postgres, sqlite and
-// bolt RunOnceTx) share: running a ticket's work so that its caller waits
-// under its own ctx, as RunOnce's callers do.
+// bolt RunOnceTx) share around their backend's transaction: the claim in
+// memory, the caller waiting under its own ctx as RunOnce's callers do,
+// the answer for a key whose record stands, and what a failed commit
+// returns.
 package txrun
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
 // Do runs work with t.Do and returns its outcome, or, if ctx ends first,
@@ -55,4 +60,56 @@ func Unrecorded(fnErr, cause error) error {
 		return cause
 	}
 	return fmt.Errorf("%w (fn's final error %q was not recorded: nothing was committed)", cause, fnErr.Error())
+}
+
+// Run is what every RunOnceTx does around its backend's transaction: it
+// claims key in this process (idem.Store.BeginLocal), answers a replay,
+// and runs tx, which gets the payload's fingerprint and returns the
+// outcome and whether it found that outcome already recorded (a replay,
+// not an execution). The caller waits under its own ctx (Do).
+func Run[R any](ctx context.Context, store *idem.Store[R], key string, payload any, tx func(ctx context.Context, fp idem.Fingerprint) (R, error, bool)) (R, error) {
+	var zero R
+	t, err := store.BeginLocal(ctx, key, payload)
+	if err != nil {
+		return zero, err
+	}
+	if val, err, ok := t.Replayed(); ok {
+		return val, err
+	}
+	fp, err := store.Options().Fingerprint(payload)
+	if err != nil {
+		t.Release()
+		return zero, err
+	}
+	return Do(ctx, t, func(ctx context.Context) (R, error) {
+		val, err, replayed := tx(ctx, fp)
+		if replayed { // recorded by another process or store: a replay
+			return t.FinishReplayed(val, err)
+		}
+		return val, err
+	})
+}
+
+// Answer is what a RunOnceTx returns for a key whose record stands, rec
+// as the backend's clock sees it: a replay of a recorded outcome, or why
+// the key cannot run.
+func Answer[R any](store *idem.Store[R], rec backend.Record, fp idem.Fingerprint) (_ R, _ error, replayed bool) {
+	var zero R
+	switch {
+	case rec.Fingerprint != fp:
+		return zero, idem.ErrPayloadMismatch, false
+	case rec.State == backend.StateCompleted:
+		val, err := store.Decode(rec)
+		return val, err, true
+	case rec.State == backend.StatePending:
+		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress), false
+	}
+	return zero, idem.ErrOutcomeUnknown, false
+}
+
+// Token returns a token unique to one transaction's claim.
+func Token() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return "tx-" + hex.EncodeToString(b[:])
 }

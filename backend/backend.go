@@ -163,6 +163,16 @@ type Backend interface {
 	Sweep(ctx context.Context, now time.Time, limit int) (int, error)
 }
 
+// Refuse returns an error that matches both reason and ErrRefused, with
+// reason's message: what a Backend returns for a call it refused without
+// writing anything.
+func Refuse(reason error) error { return refusal{reason} }
+
+type refusal struct{ reason error }
+
+func (r refusal) Error() string   { return r.reason.Error() }
+func (r refusal) Unwrap() []error { return []error{r.reason, ErrRefused} }
+
 // Owned turns the result of a token-compared write that changed n records
 // into what Complete, Release and Renew return: err if the write failed, an
 // error matching ErrNotOwner naming key if it changed nothing, else nil.

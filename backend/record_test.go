@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -95,4 +96,13 @@ func TestRecordStepsRoundTrip(t *testing.T) {
 	b, err = rec.MarshalBinary()
 	require.NoError(t, err)
 	assert.Equal(t, byte(2), b[0], "no steps: the layout from before steps")
+}
+
+// A refusal reads as its reason and matches both its reason and ErrRefused.
+func TestRefuse(t *testing.T) {
+	reason := errors.New("opened read-only")
+	err := Refuse(reason)
+	assert.EqualError(t, err, "opened read-only")
+	assert.ErrorIs(t, err, reason)
+	assert.ErrorIs(t, err, ErrRefused)
 }

@@ -307,7 +307,7 @@ func (b *Backend) read(ctx context.Context, fn func(*bbolt.Tx) error) error {
 		return err
 	}
 	if ctx.Value(inTx{}) == b {
-		return refusal{errNested}
+		return backend.Refuse(errNested)
 	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()
@@ -592,7 +592,7 @@ func put(records *bbolt.Bucket, rec backend.Record) error {
 		return err
 	}
 	if n := len(rec.Key) + len(enc); n > MaxRecordSize {
-		return refusal{fmt.Errorf("%w: key %q: a record of %d bytes, more than %d", ErrTooLarge, rec.Key, n, MaxRecordSize)}
+		return backend.Refuse(fmt.Errorf("%w: key %q: a record of %d bytes, more than %d", ErrTooLarge, rec.Key, n, MaxRecordSize))
 	}
 	return records.Put([]byte(rec.Key), enc)
 }

@@ -99,19 +99,12 @@ func (b *Backend) usable(ctx context.Context) error {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case ctx.Value(inTx{}) == b:
-		return refusal{errNested}
+		return backend.Refuse(errNested)
 	case b.readOnly:
-		return refusal{ErrReadOnly}
+		return backend.Refuse(ErrReadOnly)
 	}
 	return nil
 }
-
-// refusal is a call b refused without doing anything: it matches both its
-// reason and backend.ErrRefused, so that a Store does not try it again.
-type refusal struct{ reason error }
-
-func (r refusal) Error() string   { return r.reason.Error() }
-func (r refusal) Unwrap() []error { return []error{r.reason, backend.ErrRefused} }
 
 // Update runs fn in a read-write transaction of the file, for the caller's
 // own buckets beside idem's, and commits it with the writes of the Stores

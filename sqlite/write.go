@@ -60,17 +60,10 @@ var errNested = errors.New("sqlite: called from inside RunOnceTx's fn, whose tra
 // transaction of the Backend it holds.
 type inTx struct{}
 
-// refusal is a call b refused without doing anything: it matches both its
-// reason and backend.ErrRefused, so that a Store does not try it again.
-type refusal struct{ reason error }
-
-func (r refusal) Error() string   { return r.reason.Error() }
-func (r refusal) Unwrap() []error { return []error{r.reason, backend.ErrRefused} }
-
 // lock takes the write semaphore, or gives up when ctx ends.
 func (b *Backend) lock(ctx context.Context) error {
 	if ctx.Value(inTx{}) == b {
-		return refusal{errNested}
+		return backend.Refuse(errNested)
 	}
 	select {
 	case b.write <- struct{}{}:

@@ -83,13 +83,16 @@ func testRecordStepChecksToken(t *testing.T, b backend.Stepper) {
 	assert.Empty(t, rec.Steps)
 }
 
-// interruptedWithSteps claims key with a short lease, records steps, and
-// waits until the lease lapses.
+// interruptedWithSteps claims key, records steps, then shortens the lease
+// and waits until it lapses. The lease is shortened only after the steps
+// are in, so a slow disk cannot make it lapse before them.
 func interruptedWithSteps(t *testing.T, b backend.Stepper, key string, names ...string) backend.Record {
-	claim := claimKey(t, b, key, shortLease)
+	ctx := context.Background()
+	claim := claimKey(t, b, key, lease)
 	for _, n := range names {
-		require.NoError(t, b.RecordStep(context.Background(), key, claim.Token, backend.Step{Name: n, Value: []byte(n)}, time.Now()))
+		require.NoError(t, b.RecordStep(ctx, key, claim.Token, backend.Step{Name: n, Value: []byte(n)}, time.Now()))
 	}
+	require.NoError(t, b.Renew(ctx, key, claim.Token, time.Now(), shortLease))
 	eventually(t, func() bool { rec, _ := get(t, b, key); return rec.State == backend.StateInterrupted }, "the short lease lapses")
 	return claim
 }

@@ -321,8 +321,13 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 	// Most claims of a known key are replays: answer them from a read
 	// transaction, which costs no commit. Only a claim that may write goes
 	// to the committer, which looks again under the write lock.
-	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil || ok {
-		return old, false, err
+	// A claim that fails before its write (a damaged record, ctx) wrote
+	// nothing, and says so (backend.Refuse): the Store need not watch it
+	// for a late landing, nor hold Close up to release it.
+	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil {
+		return old, false, backend.Refuse(err)
+	} else if ok {
+		return old, false, nil
 	}
 	rec = backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: backend.StatePending, CreatedAt: now}
 	if lease > 0 {
@@ -340,7 +345,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 		if v := records.Get(key); v != nil {
 			old, err := decode(key, v)
 			if err != nil {
-				return err
+				return backend.Refuse(err)
 			}
 			if seen, ok := old.SeenAt(now); ok {
 				found, won = seen, false

@@ -224,6 +224,38 @@ func TestForgetUnreadableRecord(t *testing.T) {
 	assert.Equal(t, 2, v)
 }
 
+// A claim that fails on a damaged record wrote nothing and says so: the
+// store leaves no release behind to watch, so Close does not wait for its
+// SettleTimeout (an hour here).
+func TestClaimOfDamagedRecordIsRefused(t *testing.T) {
+	b, path := openTemp(t, nil)
+	require.NoError(t, b.Close())
+	db, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketRecords).Put([]byte("k"), []byte("garbage"))
+	}))
+	require.NoError(t, db.Close())
+
+	b, err = Open(path, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	_, _, err = b.Claim(context.Background(), backend.Record{Key: "k", Token: "t"}, time.Now(), time.Minute)
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorIs(t, err, backend.ErrRefused, "nothing was written")
+
+	s := idem.New[int](idem.Options{Backend: b, SettleTimeout: time.Hour})
+	_, err = s.RunOnce(context.Background(), "k", nil, func(context.Context) (int, error) { return 1, nil })
+	assert.ErrorIs(t, err, ErrCorrupt)
+	closed := make(chan struct{})
+	go func() { _ = s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute): // an hour's wait, cut short
+		t.Fatal("Close waits to release a claim that was never written")
+	}
+}
+
 // A read-only Backend writes nothing: an empty file stays empty, a
 // database's bytes are unchanged, and writes are refused.
 func TestReadOnly(t *testing.T) {

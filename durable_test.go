@@ -387,7 +387,7 @@ func TestLostLeaseIsFenced(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{Lease: 30 * time.Millisecond})
+	s := durableStore(t, b, idem.Options{Lease: time.Second}) // the hook takes over; nothing waits for the lease
 	var cause error
 	_, err := s.RunOnce(ctx, "k", "p", func(ctx context.Context) (order, error) {
 		<-ctx.Done()
@@ -435,7 +435,7 @@ func TestLeaseRunsOutUnderPartition(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{Lease: 60 * time.Millisecond})
+	s := durableStore(t, b, idem.Options{Lease: 500 * time.Millisecond})
 	var cause error
 	_, _ = s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
 		<-ctx.Done()

@@ -72,7 +72,9 @@ func TestLeaseTrustEndsWhileRenewalHangs(t *testing.T) {
 		<-unblock // a client that ignores its context deadline
 		return errors.New("timed out")
 	}}
-	const lease = 300 * time.Millisecond
+	// Trust ends at 0.9 lease: lease/10 of slack for a loaded machine to
+	// wake fn before the deadline the assertion checks.
+	const lease = 2 * time.Second
 	s := durableStore(t, b, idem.Options{Lease: lease})
 	var cause error
 	var took time.Duration
@@ -94,7 +96,7 @@ func TestLeaseTrustEndsWhileRenewalHangs(t *testing.T) {
 // outcome write takes longer than the lease is not taken for interrupted.
 func TestLeaseRenewedWhileRecording(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
-	const lease = 150 * time.Millisecond
+	const lease = 600 * time.Millisecond
 	var failUntil atomic.Int64
 	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
 		if op == "Complete" && time.Now().UnixNano() < failUntil.Load() {
@@ -206,7 +208,10 @@ func TestOneHungRenewalKeepsTheLease(t *testing.T) {
 		}
 		return nil
 	}}
-	const lease = 300 * time.Millisecond
+	// The hung call gives up at 2/3 lease, its retry goes out at 3/4 and
+	// trust ends at 0.9: the lease is long enough that the slack between
+	// them covers a loaded machine's timer delays.
+	const lease = 1500 * time.Millisecond
 	s := durableStore(t, b, idem.Options{Lease: lease})
 	var cause error
 	_, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
@@ -225,7 +230,7 @@ func TestOneHungRenewalKeepsTheLease(t *testing.T) {
 // is renewed from when the claim was sent: fn keeps its lease.
 func TestLateClaimReplyIsRenewedInTime(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
-	const lease = 300 * time.Millisecond
+	const lease = 1500 * time.Millisecond // the reply's delay leaves 0.3 lease of slack before trust ends
 	var renewals atomic.Int32
 	b := hooked{Backend: mem,
 		claim: func(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {

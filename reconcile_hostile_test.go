@@ -331,7 +331,7 @@ func TestHostileObserverAbandonedTicket(t *testing.T) {
 	func() {
 		s.Begin(context.Background(), "k", nil)
 	}()
-	for i := 0; i < 50 && c.executing.Load() != 0; i++ {
+	for deadline := time.Now().Add(10 * time.Second); c.executing.Load() != 0 && time.Now().Before(deadline); {
 		runtimeGC()
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -218,7 +218,7 @@ func TestPinEndsWhenTheKeyChangedHands(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond, Lease: 100 * time.Millisecond})
+	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond, Lease: 500 * time.Millisecond})
 	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{8, 8}, nil })
 	var nr *idem.NotRecordedError
 	require.ErrorAs(t, err, &nr)

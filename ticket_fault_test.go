@@ -63,7 +63,7 @@ func TestAbandonedTicketWithTimeoutIsReleased(t *testing.T) {
 				require.NoError(t, err)
 				_ = tk.Context() // the work starts... and the caller forgets Finish
 			}()
-			if !keyReleasedByGC(s, "k", 3*time.Second) {
+			if !keyReleasedByGC(s, "k", 10*time.Second) {
 				t.Fatal("the abandoned ticket's key is still held after 3s of GCs: stranded for ever, and Close would hang")
 			}
 			_ = s.Close()
@@ -80,7 +80,7 @@ func TestAbandonedTicketWithoutContextIsReleased(t *testing.T) {
 		_, err := s.Begin(ctx, "k", "p")
 		require.NoError(t, err)
 	}()
-	require.True(t, keyReleasedByGC(s, "k", 3*time.Second))
+	require.True(t, keyReleasedByGC(s, "k", 10*time.Second))
 	_ = s.Close()
 }
 
@@ -95,7 +95,7 @@ func TestTicketAbandonedDurableTicketIsReleased(t *testing.T) {
 		require.NoError(t, err)
 		_ = tk.Context()
 	}()
-	require.True(t, keyReleasedByGC(s, "k", 3*time.Second))
+	require.True(t, keyReleasedByGC(s, "k", 10*time.Second))
 	_ = s.Close()
 }
 
@@ -461,7 +461,8 @@ func TestTicketDurableExecutionTimeout(t *testing.T) {
 	tk, err := s.Begin(ctx, "k", "p")
 	require.NoError(t, err)
 	cancel()
-	assert.NoError(t, tk.Context().Err(), "Begin's cancellation does not end the work")
+	// Not NoError: on a slow machine the 20 ms timeout may already have run out.
+	assert.NotErrorIs(t, tk.Context().Err(), context.Canceled, "Begin's cancellation does not end the work")
 	<-tk.Context().Done()
 	assert.ErrorIs(t, tk.Context().Err(), context.DeadlineExceeded)
 	_, err = tk.Finish(0, tk.Context().Err())

@@ -307,11 +307,11 @@ func TestHostileGRPCClientRetryInfoBeyondDeadline(t *testing.T) {
 	}
 	conn := rvStart(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) { return in, nil },
 		[]grpc.UnaryServerInterceptor{aborted}, idemgrpc.UnaryClientInterceptor(idemgrpc.ClientOptions{}))
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
 	_, err := rvCall(ctx, conn, "")
 	el := time.Since(start)
 	t.Logf("returned %v after %v", err, el)
-	assert.Less(t, el, 250*time.Millisecond, "a delay past the deadline cannot succeed: give up at once, not at the deadline")
+	assert.Less(t, el, 2500*time.Millisecond, "a delay past the deadline cannot succeed: give up at once, not at the deadline")
 }

@@ -55,7 +55,10 @@ func testTTLExpiresOnRealTime(c *contract) {
 func testLeaseIsRenewed(c *contract) {
 	t := c.t
 	c.needBackend()
-	const lease = 300 * time.Millisecond
+	// Long enough that a claim or a renewal delayed by a slow disk (a
+	// loaded CI machine's fsync can take 200 ms) still lands within the
+	// store's trust of 0.9 lease and a renewal's bound of lease/3.
+	const lease = time.Second
 	s := c.store(idem.Options{Lease: lease})
 	other := c.store(idem.Options{RetryInterrupted: true}) // would take an interrupted key over
 	var calls atomic.Int32
@@ -76,7 +79,7 @@ func testLeaseIsRenewed(c *contract) {
 			}
 			probes = append(probes, o.err)
 		}
-		sleepUntil(ctx, begun.Add(time.Second))
+		sleepUntil(ctx, begun.Add(3*lease+lease/2))
 		cause = context.Cause(ctx)
 		return receipt{N: 100}, nil
 	}
@@ -117,7 +120,7 @@ func sleepUntil(ctx context.Context, deadline time.Time) bool {
 func testLostLeaseIsFenced(c *contract) {
 	t := c.t
 	c.needBackend()
-	const lease = 200 * time.Millisecond
+	const lease = time.Second // the stale store must be trusted long enough to start fn, however slow the disk
 	errPartition := errors.New("network partition")
 	partitioned := Faulty{Backend: c.b, Fail: func(op string) error {
 		if op == "Renew" {

@@ -53,12 +53,19 @@ func testStepsColdScriptCache(t *testing.T, rdb redis.UniversalClient, b *Backen
 	for i := range 6 {
 		key := fmt.Sprintf("cold-%d", i)
 		cold()
-		claim, ok, err := b.Claim(ctx, backend.Record{Key: key, Token: "dead-" + key}, time.Now(), 100*time.Millisecond)
+		claim, ok, err := b.Claim(ctx, backend.Record{Key: key, Token: "dead-" + key}, time.Now(), time.Minute)
 		require.NoError(t, err)
 		require.True(t, ok)
 		cold()
 		require.NoError(t, b.RecordStep(ctx, key, claim.Token, backend.Step{Name: "one", Value: []byte("1")}, time.Now()), key)
-		time.Sleep(150 * time.Millisecond) // the lease lapses
+		cold()
+		// The lease is shortened only now, so a slow machine cannot let it
+		// lapse before the step is in.
+		require.NoError(t, b.Renew(ctx, key, claim.Token, time.Now(), 100*time.Millisecond), key)
+		require.Eventually(t, func() bool {
+			rec, _, err := b.Get(ctx, key, time.Now())
+			return err == nil && rec.State == backend.StateInterrupted
+		}, 10*time.Second, 10*time.Millisecond, "the lease of %s lapses", key)
 		cold()
 		rec, err := b.Resume(ctx, key, claim.Token, "next-"+key, time.Now(), time.Minute)
 		require.NoError(t, err, key)

@@ -45,7 +45,10 @@ func SkewedStores(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		// renewals of a short lease; the others, one a minute fast, keep
 		// asking, with RetryInterrupted: none may take it over.
 		b := newBackend(t)
-		stores := skewedStores(t, b, idem.Options{Lease: 600 * time.Millisecond, RetryInterrupted: true})
+		// Long enough that each renewal, bounded by lease/3, lands while
+		// two other stores keep the backend busy on a loaded machine.
+		const lease = 1200 * time.Millisecond
+		stores := skewedStores(t, b, idem.Options{Lease: lease, RetryInterrupted: true})
 		owner, others := stores[1], []*idem.Store[int]{stores[0], stores[2]}
 		var runs atomic.Int32
 		inFn, release := make(chan struct{}), make(chan struct{})
@@ -63,7 +66,7 @@ func SkewedStores(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 			result <- err
 		}()
 		started(t, inFn)
-		deadline := time.Now().Add(4 * 600 * time.Millisecond) // four leases: several renewals
+		deadline := time.Now().Add(3 * lease) // three leases: several renewals
 		for time.Now().Before(deadline) {
 			for _, s := range others {
 				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

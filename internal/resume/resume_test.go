@@ -254,7 +254,9 @@ func killedAt(t *testing.T, kind, kill string) {
 	b, closeB, err := open(kind, where)
 	require.NoError(t, err)
 	defer closeB()
-	s := idem.New[string](idem.Options{Backend: b, Resume: true, Lease: lease})
+	// The child's short lease is what this process waits out; its own is
+	// long, so a slow disk cannot cost it its lease while it resumes.
+	s := idem.New[string](idem.Options{Backend: b, Resume: true, Lease: 10 * time.Second})
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -25,9 +25,10 @@ var (
 	ErrClosed = errors.New("idem: store is closed")
 
 	// ErrRefused is matched by the error of a call that a Backend refused
-	// before it wrote or sent anything, and would refuse again: one opened
-	// read-only, or called from inside its own transaction. The Store then
-	// neither tries the write again nor reads it back, as for ErrClosed.
+	// before it wrote or sent anything: one opened read-only, called from
+	// inside its own transaction, given a ctx that had already ended, or
+	// finding the key's record damaged. Nothing is left to read back, and
+	// the Store does not try the call again, as for ErrClosed.
 	ErrRefused = errors.New("idem: the backend refused the call")
 )
 
@@ -165,8 +166,13 @@ type Backend interface {
 
 // Refuse returns an error that matches both reason and ErrRefused, with
 // reason's message: what a Backend returns for a call it refused without
-// writing anything.
-func Refuse(reason error) error { return refusal{reason} }
+// writing anything. A reason that is already a refusal is returned as is.
+func Refuse(reason error) error {
+	if errors.Is(reason, ErrRefused) {
+		return reason
+	}
+	return refusal{reason}
+}
 
 type refusal struct{ reason error }
 

@@ -105,4 +105,5 @@ func TestRefuse(t *testing.T) {
 	assert.EqualError(t, err, "opened read-only")
 	assert.ErrorIs(t, err, reason)
 	assert.ErrorIs(t, err, ErrRefused)
+	assert.Equal(t, err, Refuse(err), "a refusal refused again is the same error")
 }

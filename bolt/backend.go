@@ -321,9 +321,9 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 	// Most claims of a known key are replays: answer them from a read
 	// transaction, which costs no commit. Only a claim that may write goes
 	// to the committer, which looks again under the write lock.
-	// A claim that fails before its write (a damaged record, ctx) wrote
-	// nothing, and says so (backend.Refuse): the Store need not watch it
-	// for a late landing, nor hold Close up to release it.
+	// A claim that fails before its write (a damaged record, a ctx that
+	// ended) wrote nothing, and says so (backend.Refuse): the Store need
+	// not watch it for a late landing, nor hold Close up to release it.
 	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil {
 		return old, false, backend.Refuse(err)
 	} else if ok {
@@ -361,6 +361,10 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 		found, won = rec, true
 		return tx.Bucket(bucketPending).Put(pendingKey(rec), nil)
 	})
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// write looks at ctx only before it sends the request.
+		err = backend.Refuse(err)
+	}
 	if err != nil {
 		return backend.Record{}, false, err
 	}

@@ -256,6 +256,60 @@ func TestClaimOfDamagedRecordIsRefused(t *testing.T) {
 	}
 }
 
+// The record is damaged between a claim's read and its write: the claim's
+// write finds it in the same group commit as the Update that damaged it,
+// and is refused there too.
+func TestClaimFindingDamageInItsWriteIsRefused(t *testing.T) {
+	b, _ := openTemp(t, nil)
+	inFn, damage := make(chan struct{}), make(chan struct{})
+	updated := make(chan error, 1)
+	go func() {
+		updated <- b.Update(context.Background(), func(tx *bbolt.Tx) error {
+			close(inFn)
+			<-damage
+			return tx.Bucket(bucketRecords).Put([]byte("k"), []byte("garbage"))
+		})
+	}()
+	<-inFn // the committer's transaction is lent to Update's fn
+	claimed := make(chan error, 1)
+	go func() {
+		_, _, err := b.Claim(context.Background(), backend.Record{Key: "k", Token: "t"}, time.Now(), time.Minute)
+		claimed <- err
+	}()
+	for len(b.reqs) == 0 { // the claim read no record, and queued its write
+		runtime.Gosched()
+	}
+	close(damage)
+	require.NoError(t, <-updated)
+	err := <-claimed
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorIs(t, err, backend.ErrRefused)
+}
+
+// endsAfterFirstLook is a ctx that ends between the first time it is
+// asked and the second: after a claim's read, before its write.
+type endsAfterFirstLook struct {
+	context.Context
+	looks atomic.Int32
+}
+
+func (c *endsAfterFirstLook) Err() error {
+	if c.looks.Add(1) > 1 {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+func TestClaimWhoseCtxEndsBeforeItsWriteIsRefused(t *testing.T) {
+	b, _ := openTemp(t, nil)
+	_, _, err := b.Claim(&endsAfterFirstLook{Context: context.Background()}, backend.Record{Key: "k", Token: "t"}, time.Now(), time.Minute)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorIs(t, err, backend.ErrRefused, "the write was never sent")
+	_, ok, err := b.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	assert.False(t, ok)
+}
+
 // A read-only Backend writes nothing: an empty file stays empty, a
 // database's bytes are unchanged, and writes are refused.
 func TestReadOnly(t *testing.T) {

@@ -387,7 +387,7 @@ func TestLostLeaseIsFenced(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{Lease: time.Second}) // the hook takes over; nothing waits for the lease
+	s := durableStore(t, b, idem.Options{Lease: time.Second}) // the hook takes over at the first renewal, lease/3 in
 	var cause error
 	_, err := s.RunOnce(ctx, "k", "p", func(ctx context.Context) (order, error) {
 		<-ctx.Done()

@@ -64,7 +64,7 @@ func TestAbandonedTicketWithTimeoutIsReleased(t *testing.T) {
 				_ = tk.Context() // the work starts... and the caller forgets Finish
 			}()
 			if !keyReleasedByGC(s, "k", 10*time.Second) {
-				t.Fatal("the abandoned ticket's key is still held after 3s of GCs: stranded for ever, and Close would hang")
+				t.Fatal("the abandoned ticket's key is still held after 10s of GCs: stranded for ever, and Close would hang")
 			}
 			_ = s.Close()
 		})

@@ -79,7 +79,7 @@ func testLeaseIsRenewed(c *contract) {
 			}
 			probes = append(probes, o.err)
 		}
-		sleepUntil(ctx, begun.Add(3*lease+lease/2))
+		sleepUntil(ctx, begun.Add(3*lease+lease/4))
 		cause = context.Cause(ctx)
 		return receipt{N: 100}, nil
 	}

@@ -341,7 +341,7 @@ func waitWithDeadline(c *contract, owner, waiter *idem.Store[receipt]) {
 	require.Nil(t, impatient.panicked)
 	assert.ErrorIs(t, impatient.err, idem.ErrInProgress)
 	assert.ErrorIs(t, impatient.err, context.DeadlineExceeded)
-	assert.Less(t, took, contractTimeout/4, "the duplicate waited past its ctx")
+	assert.Less(t, took, 1500*time.Millisecond, "the duplicate waited past its ctx") // its ctx, and slack for a loaded machine
 
 	patient := c.async(waiter, c.bounded(), "k", "p", counting(&others))
 	g.open()

@@ -75,7 +75,7 @@ func TestDuplicateOfAnotherProcessWaitsOnlyItsCtx(t *testing.T) {
 			cancel()
 			assert.ErrorIs(t, err, idem.ErrInProgress, name)
 			assert.ErrorIs(t, err, context.DeadlineExceeded, name)
-			assert.Less(t, took, 2*time.Second, "%s waited past its ctx", name) // well within the holder's lease
+			assert.Less(t, took, 1500*time.Millisecond, "%s waited past its ctx", name) // its ctx, and slack for a loaded machine
 		}
 	})
 }

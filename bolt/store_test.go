@@ -198,9 +198,10 @@ func TestEpochClockRoundTrips(t *testing.T) {
 	assert.True(t, rec.CreatedAt.Equal(epoch))
 }
 
-// A record whose bytes are damaged is an error to read, and the operator can
-// still forget it.
-func TestForgetUnreadableRecord(t *testing.T) {
+// openWithDamagedRecord returns a Backend over a file whose record of key
+// "k" is garbage, as a damaged page would leave it.
+func openWithDamagedRecord(t *testing.T) *Backend {
+	t.Helper()
 	b, path := openTemp(t, nil)
 	require.NoError(t, b.Close())
 	db, err := bbolt.Open(path, 0o600, nil)
@@ -209,14 +210,20 @@ func TestForgetUnreadableRecord(t *testing.T) {
 		return tx.Bucket(bucketRecords).Put([]byte("k"), []byte("garbage"))
 	}))
 	require.NoError(t, db.Close())
-
 	b, err = Open(path, nil)
 	require.NoError(t, err)
-	defer b.Close()
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// A record whose bytes are damaged is an error to read, and the operator can
+// still forget it.
+func TestForgetUnreadableRecord(t *testing.T) {
+	b := openWithDamagedRecord(t)
 	s := idem.New[int](idem.Options{Backend: b})
 	defer s.Close()
 	ctx := context.Background()
-	_, err = s.RunOnce(ctx, "k", nil, func(context.Context) (int, error) { return 1, nil })
+	_, err := s.RunOnce(ctx, "k", nil, func(context.Context) (int, error) { return 1, nil })
 	assert.ErrorIs(t, err, ErrCorrupt)
 	require.NoError(t, s.Forget(ctx, "k"))
 	v, err := s.RunOnce(ctx, "k", nil, func(context.Context) (int, error) { return 2, nil })
@@ -228,19 +235,8 @@ func TestForgetUnreadableRecord(t *testing.T) {
 // store leaves no release behind to watch, so Close does not wait for its
 // SettleTimeout (an hour here).
 func TestClaimOfDamagedRecordIsRefused(t *testing.T) {
-	b, path := openTemp(t, nil)
-	require.NoError(t, b.Close())
-	db, err := bbolt.Open(path, 0o600, nil)
-	require.NoError(t, err)
-	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketRecords).Put([]byte("k"), []byte("garbage"))
-	}))
-	require.NoError(t, db.Close())
-
-	b, err = Open(path, nil)
-	require.NoError(t, err)
-	defer b.Close()
-	_, _, err = b.Claim(context.Background(), backend.Record{Key: "k", Token: "t"}, time.Now(), time.Minute)
+	b := openWithDamagedRecord(t)
+	_, _, err := b.Claim(context.Background(), backend.Record{Key: "k", Token: "t"}, time.Now(), time.Minute)
 	assert.ErrorIs(t, err, ErrCorrupt)
 	assert.ErrorIs(t, err, backend.ErrRefused, "nothing was written")
 

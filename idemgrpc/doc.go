@@ -10,7 +10,8 @@
 //   - InvalidArgument: the key is missing (when Required) or malformed, or
 //     it was used before with a different request (method and message).
 //   - Aborted, with a RetryInfo detail: a call with the key is still in
-//     flight after Options.Wait; retry with the same key.
+//     flight after Options.Wait; retry with the same key. A call whose own
+//     deadline ends first gets DeadlineExceeded, as from gRPC itself.
 //   - ResourceExhausted: the store holds as many keys in flight as it may.
 //   - Unavailable: the store cannot be reached; retry with the same key.
 //   - Internal: the handler panicked (the key is released), or a call with

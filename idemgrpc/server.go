@@ -113,7 +113,8 @@ type Options struct {
 
 	// Wait bounds how long a call whose key is in flight, here or on
 	// another server sharing the store's Backend, waits for that outcome
-	// before it is answered Aborted. It bounds the whole claim, so it must
+	// before it is answered Aborted; a call whose own deadline comes first
+	// is answered DeadlineExceeded. It bounds the whole claim, so it must
 	// also cover a round trip to the Backend. Zero means 10 seconds.
 	Wait time.Duration
 
@@ -192,6 +193,12 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	bctx, cancel := context.WithTimeout(ctx, s.opts.Wait)
 	defer cancel()
 	t, err := s.store.Begin(bctx, storeKey, fp[:])
+	if cerr := ctx.Err(); err != nil && cerr != nil {
+		// The caller's own deadline (or cancellation) ended the wait, not
+		// Wait: answer as gRPC does, so that the client hears the same
+		// status whether its deadline or this answer reaches it first.
+		return nil, status.FromContextError(cerr).Err()
+	}
 	if err != nil {
 		return nil, s.refusal(err)
 	}

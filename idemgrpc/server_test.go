@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 func guard(t *testing.T, opts idemgrpc.Options, storeOpts idem.Options) []grpc.UnaryServerInterceptor {
@@ -108,6 +109,50 @@ func TestInFlightIsAbortedWithRetryInfo(t *testing.T) {
 	}
 	assert.Equal(t, 2*time.Second, delay)
 	close(p.gate)
+	require.NoError(t, <-first)
+}
+
+// A duplicate whose own deadline ends before Wait is answered
+// DeadlineExceeded, the status its client reports when its own timer
+// fires first, so the two cannot disagree. The interceptor is called
+// directly: over a connection the client's timer could answer first.
+func TestDuplicateWhoseDeadlineEndsFirstIsDeadlineExceeded(t *testing.T) {
+	intercept := idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{Wait: time.Hour})
+	info := &grpc.UnaryServerInfo{FullMethod: "/idem.test.Payments/Charge"}
+	req, err := structpb.NewStruct(map[string]any{"amount": 450})
+	require.NoError(t, err)
+	in := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemgrpc.KeyHeader, "k"))
+	entered, gate := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := intercept(in, req, info, func(context.Context, any) (any, error) {
+			close(entered)
+			<-gate
+			return req, nil
+		})
+		first <- err
+	}()
+	<-entered
+	for _, end := range []struct {
+		ctx  func() (context.Context, context.CancelFunc)
+		want codes.Code
+	}{
+		{func() (context.Context, context.CancelFunc) { return context.WithTimeout(in, 10*time.Millisecond) }, codes.DeadlineExceeded},
+		{func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(in)
+			time.AfterFunc(10*time.Millisecond, cancel)
+			return ctx, cancel
+		}, codes.Canceled},
+	} {
+		ctx, cancel := end.ctx()
+		_, err := intercept(ctx, req, info, func(context.Context, any) (any, error) {
+			t.Error("a duplicate ran the handler")
+			return req, nil
+		})
+		cancel()
+		assert.Equal(t, end.want, code(err), "%v", err)
+	}
+	close(gate)
 	require.NoError(t, <-first)
 }
 

@@ -435,6 +435,19 @@ func checkOwner(records *bbolt.Bucket, key []byte, token string) (backend.Record
 	return old, nil
 }
 
+// checkLiveOwner is checkOwner for a write that only a live claim may
+// make: the claim must still be pending, its lease unlapsed at now.
+func checkLiveOwner(records *bbolt.Bucket, key []byte, token string, now time.Time) (backend.Record, error) {
+	claim, err := checkOwner(records, key, token)
+	if err != nil {
+		return backend.Record{}, err
+	}
+	if claim.State != backend.StatePending || claim.Lapsed(now) {
+		return backend.Record{}, fmt.Errorf("%w: key %q is %s, its lease until %v", backend.ErrNotOwner, key, claim.State, claim.LeaseUntil)
+	}
+	return claim, nil
+}
+
 func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
 	var rec backend.Record
 	found := false
@@ -467,12 +480,9 @@ func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, l
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
-		claim, err := checkOwner(records, k, token)
+		claim, err := checkLiveOwner(records, k, token, now)
 		if err != nil {
 			return err
-		}
-		if claim.State != backend.StatePending || claim.Lapsed(now) {
-			return fmt.Errorf("%w: key %q is %s, its lease until %v", backend.ErrNotOwner, key, claim.State, claim.LeaseUntil)
 		}
 		claim.LeaseUntil = now.Add(lease)
 		return put(records, claim)

@@ -18,12 +18,9 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 	step.At = now
 	return b.write(ctx, func(tx *bbolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
-		claim, err := checkOwner(records, k, token)
+		claim, err := checkLiveOwner(records, k, token, now)
 		if err != nil {
 			return err
-		}
-		if claim.State != backend.StatePending || claim.Lapsed(now) {
-			return fmt.Errorf("%w: key %q is %s, its lease until %v", backend.ErrNotOwner, key, claim.State, claim.LeaseUntil)
 		}
 		return put(records, claim.WithStep(step))
 	})

@@ -99,6 +99,16 @@ func (m *MemoryBackend) Get(ctx context.Context, key string, now time.Time) (bac
 }
 
 func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
+	return m.changeLive(ctx, key, token, now, func(rec backend.Record) backend.Record {
+		rec.LeaseUntil = now.Add(lease)
+		return rec
+	})
+}
+
+// changeLive replaces key's record with change's copy of it, if token's
+// claim on it is pending and its lease unlapsed at now; otherwise it
+// returns ErrNotOwner.
+func (m *MemoryBackend) changeLive(ctx context.Context, key, token string, now time.Time, change func(backend.Record) backend.Record) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -108,8 +118,7 @@ func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now time.T
 	if !ok || rec.Token != token || rec.State != backend.StatePending || rec.Lapsed(now) {
 		return backend.ErrNotOwner
 	}
-	rec.LeaseUntil = now.Add(lease)
-	m.records[key] = rec
+	m.records[key] = change(rec)
 	return nil
 }
 
@@ -189,18 +198,10 @@ func clone(rec backend.Record) backend.Record {
 
 // RecordStep records step under key's claim held by token.
 func (m *MemoryBackend) RecordStep(ctx context.Context, key, token string, step backend.Step, now time.Time) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	rec, ok := m.records[key]
-	if !ok || rec.Token != token || rec.State != backend.StatePending || rec.Lapsed(now) {
-		return backend.ErrNotOwner
-	}
 	step.At = now
-	m.records[key] = clone(rec.WithStep(step))
-	return nil
+	return m.changeLive(ctx, key, token, now, func(rec backend.Record) backend.Record {
+		return clone(rec.WithStep(step))
+	})
 }
 
 // Resume takes over key's interrupted record held by old.

@@ -17,7 +17,8 @@ import (
 const crashFileEnv = "IDEM_SQLITE_FILE"
 
 func init() {
-	// in-tx: inside RunOnceTx, after fn's write, until SIGKILL.
+	// in-tx: inside RunOnceTx on key "k", after fn's write, until
+	// SIGKILL: it holds the file's write lock all that time.
 	childModes["in-tx"] = func() error {
 		db, err := Open(os.Getenv(crashFileEnv))
 		if err != nil {

@@ -25,10 +25,7 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 			return fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
 		}
 		steps := backend.AppendSteps(nil, rec.WithStep(step).Steps)
-		if err := b.execIn(ctx, tx, b.q.setSteps, key, token, steps, now.UnixNano()); err != nil {
-			return err
-		}
-		return nil
+		return b.execIn(ctx, tx, b.q.setSteps, key, token, steps, now.UnixNano())
 	})
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -248,33 +247,6 @@ func TestHostileSQLiteQuotedTableName(t *testing.T) {
 	}
 }
 
-func init() {
-	// hold-in-tx: inside RunOnceTx on key "k", after fn's write, until
-	// SIGKILL: it holds the file's write lock all that time.
-	childModes["hostile-hold-in-tx"] = func() error {
-		db, err := Open(os.Getenv(crashFileEnv))
-		if err != nil {
-			return err
-		}
-		b, err := New(context.Background(), db, Options{})
-		if err != nil {
-			return err
-		}
-		if _, err := db.Exec(stockTable); err != nil {
-			return err
-		}
-		s := idem.New[int](idem.Options{Backend: b})
-		_, err = RunOnceTx(context.Background(), s, "k", "p", func(ctx context.Context, tx *sql.Tx) (int, error) {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO moves (note) VALUES ('k')`); err != nil {
-				return 0, err
-			}
-			fmt.Println("ready")
-			select {} // until SIGKILL
-		})
-		return fmt.Errorf("not killed in RunOnceTx: %v", err)
-	}
-}
-
 // Another process's RunOnceTx holds key "k", and with it the write lock,
 // for longer than this process's busy timeout. RunOnceTx's doc says a
 // duplicate in another process waits on the lock until the first
@@ -283,7 +255,7 @@ func init() {
 // HTTP adapter would answer with 503 rather than 409).
 func TestHostileSQLiteDuplicateInAnotherProcessPastBusyTimeout(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	child := startChild(t, "hostile-hold-in-tx", crashFileEnv+"="+path)
+	child := startChild(t, "in-tx", crashFileEnv+"="+path)
 
 	// This process opens the file with a short busy timeout in its DSN, as
 	// New allows.
@@ -345,7 +317,7 @@ func TestHostileSQLiteFnCommittingTxStrandsNothing(t *testing.T) {
 // and runs fn once.
 func TestHostileSQLiteWaiterTakesOverAfterOwnerKilled(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	child := startChild(t, "hostile-hold-in-tx", crashFileEnv+"="+path)
+	child := startChild(t, "in-tx", crashFileEnv+"="+path)
 	db, err := Open(path)
 	require.NoError(t, err)
 	defer db.Close()

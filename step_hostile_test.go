@@ -19,6 +19,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// hsBackends are the Steppers the table tests run on: one in memory, one
+// in a file.
+var hsBackends = []struct {
+	name string
+	b    func(t *testing.T) backend.Backend
+}{
+	{"memory", func(*testing.T) backend.Backend { return idemtest.NewMemoryBackend() }},
+	{"bolt", func(t *testing.T) backend.Backend { return hsOpenBolt(t) }},
+}
+
 // hsOpenBolt opens a bolt file closed when the test ends.
 func hsOpenBolt(t *testing.T) *bolt.Backend {
 	t.Helper()
@@ -178,13 +188,7 @@ func TestHostileStepCodecPanicDoesNotEscape(t *testing.T) {
 // move by itself, the retry after an ordinary error finds the key in
 // flight and waits until its ctx ends, instead of resuming.
 func TestHostileResumeAfterErrorWithFakeClock(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		b    func(t *testing.T) backend.Backend
-	}{
-		{"memory", func(*testing.T) backend.Backend { return idemtest.NewMemoryBackend() }},
-		{"bolt", func(t *testing.T) backend.Backend { return hsOpenBolt(t) }},
-	} {
+	for _, tc := range hsBackends {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 			s := hsStore[string](t, idem.Options{Backend: tc.b(t), Resume: true, Now: clock.Now})
@@ -666,13 +670,7 @@ func TestHostileLostResumeReplyStrandsKeyForALease(t *testing.T) {
 // never expires on its own". A key at its recovery point, long past its
 // TTL and swept, still resumes without rerunning its recorded step.
 func TestHostileRecoveryPointOutlivesTTLAndSweep(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		b    func(t *testing.T) backend.Backend
-	}{
-		{"memory", func(*testing.T) backend.Backend { return idemtest.NewMemoryBackend() }},
-		{"bolt", func(t *testing.T) backend.Backend { return hsOpenBolt(t) }},
-	} {
+	for _, tc := range hsBackends {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 			s := hsStore[string](t, idem.Options{Backend: tc.b(t), Resume: true, Now: clock.Now, TTL: time.Hour, SweepInterval: -1})
@@ -717,13 +715,7 @@ func TestHostileStepAfterOperationReturned(t *testing.T) {
 // the key is forgotten": the next operation under the key runs its steps
 // afresh, never replaying a step of the operation before.
 func TestHostileStepsGoWithExpiryAndForget(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		b    func(t *testing.T) backend.Backend
-	}{
-		{"memory", func(*testing.T) backend.Backend { return idemtest.NewMemoryBackend() }},
-		{"bolt", func(t *testing.T) backend.Backend { return hsOpenBolt(t) }},
-	} {
+	for _, tc := range hsBackends {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
 			s := hsStore[string](t, idem.Options{Backend: tc.b(t), Resume: true, Now: clock.Now, TTL: time.Hour, SweepInterval: -1})

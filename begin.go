@@ -11,7 +11,46 @@ import (
 // Begin, BeginLocal (local) and RunOnce. wantDone asks for a done channel on
 // a claimed entry, for an owner that may stop waiting before its
 // execution ends. t must not escape, so that a replay allocates nothing.
+//
+// The user's code that runs once the key is claimed (the Observer, the
+// Codec decoding a replay) may end the goroutine with runtime.Goexit; the
+// deferred guard then releases the key, so that it is not left in flight.
 func (s *Store[R]) begin(ctx context.Context, key string, payload any, wantDone, local bool, t *Ticket[R]) error {
+	exited := true
+	defer func() {
+		if exited {
+			s.claimExited(t)
+		}
+	}()
+	err := s.observedBegin(ctx, key, payload, wantDone, local, t)
+	exited = false
+	return err
+}
+
+// claimExited releases the key t claimed, if it holds one, after the
+// user's code ended begin's goroutine.
+func (s *Store[R]) claimExited(t *Ticket[R]) {
+	e := t.e
+	switch {
+	case e == nil || t.finished:
+		return
+	case t.stopLease != nil: // the claim is fully made: finish it
+		t.finished = true
+		var zero R
+		s.finish(t, zero, errGoexit)
+		return
+	case t.claim != nil: // a durable claim, not yet renewed
+		s.releaseOrLater(context.WithoutCancel(t.ctx), t.claim.Key, t.claim.Token)
+	}
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.e, e.err = nil, errGoexit
+	s.table.release(e)
+}
+
+// observedBegin is begin without the guard.
+func (s *Store[R]) observedBegin(ctx context.Context, key string, payload any, wantDone, local bool, t *Ticket[R]) error {
 	o := s.opts.Observer
 	if o == nil || ctx == nil {
 		return s.claimKey(ctx, key, payload, wantDone, local, t)
@@ -48,7 +87,7 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 			return fmt.Errorf("%w: %w", ErrInProgress, err)
 		}
 		e, kind, err := s.claim(key, fp, wantDone)
-		if err == ErrFull && s.opts.Backend != nil && !local {
+		if err == ErrFull && s.opts.Backend != nil {
 			t.val, t.err, err = s.replayWhenFull(ctx, key, fp)
 			return err
 		}
@@ -87,6 +126,10 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 		return err
 	}
 }
+
+// errExited is why an outcome was not recorded when the Observer or the
+// Codec ended the goroutine that was recording it.
+var errExited = errors.New("idem: the Observer or the Codec called runtime.Goexit while the outcome was being recorded")
 
 // errYield is what an owner that gave up before it learnt the key's fate
 // (its ctx ended while another process held the key) leaves its entry's
@@ -134,16 +177,45 @@ func (s *Store[R]) workContext(ctx context.Context, d *detached) (context.Contex
 // what its caller answers: a final outcome is completed (in memory, or in
 // the Backend and then dropped from memory), anything else releases the
 // key. The waiters in this process get the outcome either way.
+//
+// The user's code that runs here (the Observer, the Codec) may end the
+// goroutine with runtime.Goexit, as t.FailNow does. The key is then
+// settled all the same, by the deferred guard, so that it is not left in
+// flight with Close waiting for it.
 func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	e := t.e
 	final := isFinalOutcome(err)
-	pin := false
+	settled := false
+	defer func() {
+		if !settled {
+			s.finishExited(t, val, err, final)
+		}
+	}()
+	pin, endRecord := false, noEnd
 	if t.claim != nil {
-		var endRecord func(error)
 		t.ctx, endRecord = s.span(t.ctx, "idem.record", e.key)
 		val, err, pin = s.finishDurable(t, val, err, final)
-		endRecord(err)
 	}
+	s.settleEntry(t, val, err, final, pin)
+	settled = true
+	endRecord(err)
+	// The Observer last, once the key is settled for everyone.
+	if t.endSpan != nil {
+		t.endSpan(err)
+	}
+	if s.opts.Observer != nil {
+		s.callObserver(t.ctx, e.key, t.ownerOutcome(final, err), time.Since(t.start))
+		s.executing(t.ctx, -1)
+	}
+	return val, err
+}
+
+// settleEntry ends t's work context and settles its entry in memory with
+// the outcome: pinned (a final outcome the Backend has yet to take),
+// completed (memory only) or released (the Backend remembers a final
+// outcome; memory keeps in-flight keys only).
+func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) {
+	e := t.e
 	if t.cancel != nil {
 		t.cancel()
 	}
@@ -154,18 +226,30 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 		s.table.pin(e)
 	case final && s.opts.Backend == nil:
 		s.table.complete(e, s.opts.Now().Add(s.opts.TTL))
-	default: // the backend remembers a final outcome; memory keeps in-flight keys only
+	default:
 		s.table.release(e)
 	}
-	// The Observer last, once the key is settled for everyone.
-	if t.endSpan != nil {
-		t.endSpan(err)
+}
+
+// finishExited settles t after the user's code ended finish's goroutine
+// before the key was settled: in the Observer's "idem.record" span or in
+// the Codec, so before any outcome was written. A final outcome could not
+// be encoded: it is kept in memory as one the Backend could not record,
+// its claim held for as long as the store lives. Anything else is
+// released.
+func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
+	if t.stopLease == nil { // not yet given to finishDurable's writes
+		s.settleEntry(t, val, err, final, false)
+		return
 	}
-	if s.opts.Observer != nil {
-		s.callObserver(t.ctx, e.key, t.ownerOutcome(final, err), time.Since(t.start))
-		s.executing(t.ctx, -1)
+	if !final {
+		t.stopLease()
+		s.releaseOrLater(context.WithoutCancel(t.ctx), t.claim.Key, t.claim.Token)
+		s.settleEntry(t, val, err, false, false)
+		return
 	}
-	return val, err
+	s.holdLease(t.stopLease)
+	s.settleEntry(t, val, errors.Join(err, &NotRecordedError{Err: errExited}), true, true)
 }
 
 // ownerOutcome is how the call that owned the key ended: a replay that a

@@ -21,41 +21,47 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 	e := t.e
 	cctx, endClaim := s.span(ctx, "idem.claim", e.key)
 	claim, sent, err := s.acquire(cctx, t)
-	endClaim(err)
 	if err == nil && claim.Token != "" {
-		if !s.trusted(sent) {
-			// The claim's reply came too late to trust its lease: another
-			// store may already take the key for interrupted, so the work
-			// must not start.
-			if len(claim.Steps) > 0 { // resumed: keep its recovery point
-				s.lapse(context.WithoutCancel(ctx), claim)
-			} else {
-				s.releaseOrLater(context.WithoutCancel(ctx), claim.Key, claim.Token)
-			}
-			err = &BackendError{Op: "claim", Err: errors.New("the lease ran out before the work could start")}
-		} else {
+		if s.trusted(sent) {
+			// From here the claim is t's: were the Observer to end this
+			// goroutine, begin's guard releases it.
+			t.claim = &claim
+			endClaim(nil)
 			if st, ok := s.opts.Backend.(backend.Stepper); ok && s.opts.Resume {
 				t.op.resumeWith(st, claim, s.opts.Now, s.opts.SettleTimeout, s.stopping)
 			}
 			t.startSpan()
 			work, cancelWork := s.workContext(t.ctx, nil)
-			work, stopRenewing := s.renew(work, claim, sent)
-			t.claim, t.work = &claim, work
+			work, endWork, stopRenewing := s.renew(work, claim, sent)
+			t.work, t.stopLease = work, stopRenewing
 			t.cancel = func() {
-				stopRenewing()
+				endWork()
 				if cancelWork != nil {
 					cancelWork()
 				}
 			}
 			return nil
 		}
+		// The claim's reply came too late to trust its lease: another
+		// store may already take the key for interrupted, so the work
+		// must not start. Settled in the background: the caller's wait
+		// is bounded by its own ctx.
+		if len(claim.Steps) > 0 { // resumed: keep its recovery point
+			s.startBackground(func() { s.lapse(s.closing, claim) })
+		} else {
+			s.releaseLater(claim.Key, claim.Token)
+		}
+		err = &BackendError{Op: "claim", Err: errors.New("the lease ran out before the work could start")}
 	}
+	endClaim(err)
 	t.e = nil
 	if err != nil {
-		// A caller that left before it learnt the key's fate answers as
-		// any caller whose ctx ended; the waiters behind it, whose own
-		// contexts may still run, claim again.
-		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, ErrInProgress) {
+		// A caller whose ctx ended before it learnt the key's fate
+		// answers as any caller whose ctx ended (a backend that failed
+		// for another reason is a *BackendError, even if ctx has ended
+		// since); the waiters behind it, whose own contexts may still
+		// run, claim again.
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, ErrInProgress) && errors.Is(err, cerr) {
 			err = fmt.Errorf("%w: %w", ErrInProgress, cerr)
 		}
 		e.err = err
@@ -116,6 +122,9 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 			sent = time.Now()
 			token := newToken()
 			resumed, err := st.Resume(ctx, key, rec.Token, token, s.opts.Now(), s.opts.Lease)
+			if err == nil && (resumed.Key != key || resumed.Token != token || resumed.State != backend.StatePending) {
+				return backend.Record{}, sent, &BackendError{Op: "resume", Err: fmt.Errorf("%w: a resume of %q answered with another key, token or state", errMalformed, key)}
+			}
 			switch {
 			case err == nil:
 				return resumed, sent, nil
@@ -124,7 +133,7 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 			}
 			// The reply may be lost after the resume landed: read back, and
 			// run under the claim if it is ours, as claimDurable does.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.SettleTimeout)
+			rctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
 			got, found, gerr := b.Get(rctx, key, s.opts.Now())
 			cancel()
 			if gerr == nil && found && got.Token == token && got.State == backend.StatePending {
@@ -159,6 +168,9 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim backend.Record) (back
 	defer cancel()
 	defer context.AfterFunc(s.stopping, cancel)()
 	rec, claimed, err := b.Claim(cctx, claim, s.opts.Now(), s.opts.Lease)
+	if err == nil {
+		err = checkClaim(claim, rec, claimed)
+	}
 	switch {
 	case err == nil && (claimed || rec.Token != claim.Token):
 		return rec, claimed, nil
@@ -171,7 +183,10 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim backend.Record) (back
 	if refused(err) { // nothing was written
 		return backend.Record{}, false, &BackendError{Op: "claim", Err: err}
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.SettleTimeout)
+	// Read back under the caller's ctx: its wait is bounded by its own
+	// deadline, and a claim still unknown then is settled in the
+	// background.
+	rctx, cancel := context.WithTimeout(cctx, s.opts.SettleTimeout)
 	defer cancel()
 	rec, found, gerr := b.Get(rctx, claim.Key, s.opts.Now())
 	if gerr == nil && found && rec.Token == claim.Token && rec.State == backend.StatePending {
@@ -179,6 +194,27 @@ func (s *Store[R]) claimDurable(ctx context.Context, claim backend.Record) (back
 	}
 	s.releaseLater(claim.Key, claim.Token)
 	return backend.Record{}, false, &BackendError{Op: "claim", Err: err}
+}
+
+// errMalformed is the cause of a *BackendError for a Backend whose answer
+// breaks its contract; a bug in the backend, never a success.
+var errMalformed = errors.New("malformed answer from the Backend")
+
+// checkClaim returns an error unless rec is a valid answer to claim: the
+// claim itself if claimed, else a record of the key with a token and a
+// state.
+func checkClaim(claim, rec backend.Record, claimed bool) error {
+	switch {
+	case rec.Key != claim.Key:
+		return fmt.Errorf("%w: claim of %q answered with a record of %q", errMalformed, claim.Key, rec.Key)
+	case claimed && (rec.Token != claim.Token || rec.State != backend.StatePending || rec.Fingerprint != claim.Fingerprint):
+		return fmt.Errorf("%w: a claim of %q reported won with another token, state or fingerprint", errMalformed, claim.Key)
+	case rec.Token == "":
+		return fmt.Errorf("%w: the record of %q has no token", errMalformed, claim.Key)
+	case rec.State != backend.StatePending && rec.State != backend.StateCompleted && rec.State != backend.StateInterrupted:
+		return fmt.Errorf("%w: the record of %q is in state %v", errMalformed, claim.Key, rec.State)
+	}
+	return nil
 }
 
 // replayWhenFull answers a call that found memory full (MaxKeys counts the
@@ -250,45 +286,65 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 // want of time to record it, and the lease is renewed until the outcome is
 // settled. pin reports a final outcome that the backend could not record,
 // so that its record stays pending: memory must hold the outcome meanwhile
-// (the store goes on trying to record it), or this process would find the
-// key pending. A release that cannot get through is finished in the
-// background instead.
+// (the store goes on trying to record it, its lease still renewed), or
+// this process would find the key pending. A release that cannot get
+// through is finished in the background instead. finishDurable takes
+// t.stopLease over once nothing of the user's runs any more.
 func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, _ error, pin bool) {
 	record := context.WithoutCancel(t.ctx)
 	claim := *t.claim
-	if !final && s.opts.Resume && t.op.hasSteps() {
-		// Not released: the key stays at its recovery point, its steps
-		// recorded, and the next call resumes from there. Its lease is
-		// made to lapse now, so that call need not wait it out; if that
-		// fails, it lapses on its own.
-		s.lapse(record, claim)
-		return val, err, false
-	}
 	if !final {
+		// Renewals end first, so that none can land after the claim's
+		// lease was made to lapse.
+		t.takeLease()()
+		if s.opts.Resume && t.op.hasSteps() {
+			// Not released: the key stays at its recovery point, its steps
+			// recorded, and the next call resumes from there. Its lease is
+			// made to lapse now, so that call need not wait it out; if that
+			// fails, it lapses on its own.
+			s.lapse(record, claim)
+			return val, err, false
+		}
 		if rerr := s.releaseOrLater(record, claim.Key, claim.Token); rerr != nil {
 			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), false
 		}
 		return val, err, false
 	}
 	done := claim
-	rerr := s.Encode(&done, val, err)
+	rerr := s.Encode(&done, val, err) // the Codec: the user's code
+	stopLease := t.takeLease()
 	encoded := rerr == nil
 	if encoded {
 		rerr = s.complete(record, done)
 	}
-	if rerr != nil {
-		// Never release a key after the work succeeded: it stays claimed
-		// (durably pending, interrupted after a restart) and memory replays
-		// it while the store goes on trying to record it. Unless the claim
-		// was lost: then the backend holds another owner's outcome, which
-		// later callers read.
-		lost := errors.Is(rerr, backend.ErrNotOwner)
-		if !lost && encoded {
-			s.completeLater(done)
-		}
-		return val, errors.Join(err, &NotRecordedError{Err: rerr}), !lost
+	if rerr == nil {
+		stopLease()
+		return val, err, false
 	}
-	return val, err, false
+	// Never release a key after the work succeeded: it stays claimed
+	// (durably pending, interrupted after a restart) and memory replays it
+	// while the store goes on trying to record it, renewing its lease so
+	// that no other store takes it for interrupted. Unless the claim was
+	// lost: then the backend holds another owner's outcome, which later
+	// callers read.
+	switch {
+	case errors.Is(rerr, backend.ErrNotOwner):
+		stopLease()
+		return val, errors.Join(err, &NotRecordedError{Err: rerr}), false
+	case encoded:
+		s.completeLater(done, t.e, stopLease)
+	default:
+		s.holdLease(stopLease)
+	}
+	return val, errors.Join(err, &NotRecordedError{Err: rerr}), true
+}
+
+// takeLease returns t's stopLease, which its caller must call, and leaves
+// t without it.
+func (t *Ticket[R]) takeLease() func() {
+	stop := t.stopLease
+	t.stopLease = nil
+	return stop
 }
 
 // lapse ends claim's lease now, keeping its record and steps, so that the

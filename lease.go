@@ -32,10 +32,14 @@ func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 // getting through (a partition, a backend that does not answer), whatever
 // the renewal call is doing. A renewal that fails is tried again every
 // twelfth of the lease, each call bounded so that a retry can still land
-// in time. stop ends the renewals and waits for none; a renewal already in
-// flight is counted in s.background, so Close waits for it, and its context
-// ends when the store closes. A fast fn costs two timers and no goroutine.
-func (s *Store[R]) renew(ctx context.Context, claim backend.Record, sent time.Time) (_ context.Context, stop func()) {
+// in time. end cancels the returned context (the work is over) and leaves
+// the renewals running; stop ends the renewals (and the context) and waits
+// for none. The two are apart because a finished owner whose outcome is
+// not yet recorded must keep its claim alive until it is. A renewal already
+// in flight is counted in s.background, so Close waits for it, and its
+// context ends when the store closes. A fast fn costs two timers and no
+// goroutine.
+func (s *Store[R]) renew(ctx context.Context, claim backend.Record, sent time.Time) (_ context.Context, end, stop func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	lease := s.opts.Lease
 	every, retry, trust := lease/3, lease/12, leaseTrust(lease)
@@ -90,7 +94,7 @@ func (s *Store[R]) renew(ctx context.Context, claim backend.Record, sent time.Ti
 			renewal.Reset(retry)
 		}
 	})
-	return ctx, func() {
+	return ctx, func() { cancel(nil) }, func() {
 		mu.Lock()
 		stopped = true
 		renewal.Stop()

@@ -124,23 +124,37 @@ func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error 
 }
 
 // completeLater goes on recording done, an outcome the backend could not
-// take, in the background: memory replays it meanwhile (pinned). Once the
-// backend has it, or holds another owner's record instead (an operator
-// reconciled the key), the pin ends and later calls read the backend. It
-// gives up when the store closes; after a restart the key is interrupted.
-func (s *Store[R]) completeLater(done backend.Record) {
+// take, in the background: memory replays it meanwhile (e, pinned), and
+// the claim's lease is renewed until stopLease. Once the backend has it,
+// or holds another owner's record instead (an operator reconciled the
+// key), the pin ends and later calls read the backend; only e's pin, never
+// a later execution's entry for the key. It gives up when the store
+// closes; after a restart the key is interrupted.
+func (s *Store[R]) completeLater(done backend.Record, e *entry[R], stopLease func()) {
 	s.startBackground(func() {
+		defer stopLease()
 		for wait := settleMin; pause(s.closing.Done(), wait); wait = min(2*wait, settleMax) {
 			ctx, cancel := context.WithTimeout(s.closing, s.opts.SettleTimeout)
 			err := s.complete(ctx, done)
 			cancel()
 			if err == nil || errors.Is(err, backend.ErrNotOwner) {
 				// Its execution may have yet to pin it.
-				for !s.table.unpin(done.Key) && pause(s.closing.Done(), settleMin) {
+				for !s.table.unpin(e) && pause(s.closing.Done(), settleMin) {
 				}
 				return
 			}
 		}
+	})
+}
+
+// holdLease keeps a claim's lease renewed until the store closes, for an
+// outcome that memory holds and no write can record (it could not be
+// encoded): while this process lives, no other store may take the key for
+// interrupted and run it again.
+func (s *Store[R]) holdLease(stopLease func()) {
+	s.startBackground(func() {
+		<-s.closing.Done()
+		stopLease()
 	})
 }
 

@@ -207,13 +207,15 @@ func TestUnrecordedOutcomeIsRecordedLater(t *testing.T) {
 }
 
 // A pinned outcome ends when an operator reconciled the key elsewhere: the
-// store no longer answers its old outcome.
+// store no longer answers its old outcome. The backend refuses renewals
+// too, so the claim's lease lapses (an owner that can renew keeps it:
+// TestUnrecordedOutcomeKeepsItsLease).
 func TestPinEndsWhenTheKeyChangedHands(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	var down atomic.Bool
 	down.Store(true)
 	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
-		if op == "Complete" && down.Load() {
+		if (op == "Complete" || op == "Renew") && down.Load() {
 			return errLost
 		}
 		return nil

@@ -151,16 +151,17 @@ func (t *table[R]) pin(e *entry[R]) {
 	t.running.Done()
 }
 
-// unpin removes key's pinned entry, whose outcome the backend has now
+// unpin removes e, a pinned entry whose outcome the backend has now
 // settled, so that later calls read the backend. It reports false while
-// key's execution has yet to pin its entry.
-func (t *table[R]) unpin(key string) bool {
-	sh := t.shard(key)
+// e's execution has yet to pin it. An entry that is no longer its key's
+// (Forget dropped it, and another execution claimed the key) is left
+// alone: its key's entry is another owner's.
+func (t *table[R]) unpin(e *entry[R]) bool {
+	sh := e.shard
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.entries[key]
 	switch {
-	case e == nil:
+	case sh.entries[e.key] != e:
 		return true
 	case !e.completed:
 		return false

@@ -52,7 +52,11 @@ type Ticket[R any] struct {
 	op    *operation // what Step knows of this execution; in ctx, and so in work
 
 	work     context.Context    // Context's; made on first use, or by Begin for a durable claim
-	cancel   context.CancelFunc // ends work: its timeout, lease renewals; nil if there is nothing to end
+	cancel   context.CancelFunc // ends work and its timeout; nil if there is nothing to end
+	// stopLease ends the durable claim's lease renewals; nil without one.
+	// finish calls it once the outcome is settled, or hands it to the
+	// goroutine that goes on recording an outcome the backend refused.
+	stopLease func()
 	detached detached           // ctx without its cancellation, kept here to save an allocation
 
 	waited   bool        // begin waited for an execution in flight; for the Observer
@@ -160,6 +164,9 @@ func (t *Ticket[R]) Context() context.Context {
 		// a timeout's context, is a cycle its finalizer would never see
 		// collected. RunOnce's tickets, which have no finalizer, use it.
 		t.work, t.cancel = t.s.workContext(t.ctx, nil)
+		if t.cancel == nil { // no timeout: it must still end with the ticket
+			t.work, t.cancel = context.WithCancel(t.work)
+		}
 	}
 	return t.work
 }

@@ -1,0 +1,205 @@
+package idem_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// exitingCodec ends its goroutine (as t.FailNow does) on the calls picked.
+type exitingCodec struct {
+	marshal, unmarshal bool
+}
+
+func (c exitingCodec) Marshal(v any) ([]byte, error) {
+	if c.marshal {
+		runtime.Goexit()
+	}
+	return json.Marshal(v)
+}
+
+func (c exitingCodec) Unmarshal(data []byte, v any) error {
+	if c.unmarshal {
+		runtime.Goexit()
+	}
+	return json.Unmarshal(data, v)
+}
+
+// inGoroutine runs f on a goroutine of its own, so that f may Goexit, and
+// waits for it.
+func inGoroutine(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	<-done
+}
+
+// closes fails the test unless s.Close returns within a few seconds.
+func closes(t *testing.T, s interface{ Close() error }) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		_ = s.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hangs: a key was left in flight")
+	}
+}
+
+// runtime.Goexit in a Codec's Marshal, where an outcome is being
+// recorded, settles the key all the same: Close returns, and the claim
+// does not stay renewed for ever (issue 18).
+func TestGoexitInCodecMarshal(t *testing.T) {
+	for _, final := range []bool{false, true} {
+		mem := idemtest.NewMemoryBackend()
+		s := idem.New[order](idem.Options{Backend: mem, Codec: exitingCodec{marshal: true}, SettleTimeout: 50 * time.Millisecond})
+		out := make(chan error, 1)
+		ctx, cancel := context.WithCancel(context.Background()) // fn runs on a goroutine of the store's
+		defer cancel()
+		go func() {
+			_, err := s.RunOnce(ctx, "k", "p", func(context.Context) (order, error) {
+				if final {
+					return order{1, 1}, nil
+				}
+				return order{}, errors.New("transient")
+			})
+			out <- err
+		}()
+		err := <-out
+		if final {
+			var nr *idem.NotRecordedError
+			require.ErrorAs(t, err, &nr, "the caller hears that the outcome was not recorded")
+		} else {
+			require.EqualError(t, err, "transient")
+			waitFor(t, absent(mem, "k"), "the failed key is released")
+		}
+		closes(t, s)
+		if final { // the store kept the claim while it lived; now it is the owner's to reconcile
+			rec, ok, err := mem.Get(context.Background(), "k", time.Now().Add(time.Hour))
+			require.NoError(t, err)
+			require.True(t, ok)
+			assert.Equal(t, backend.StateInterrupted, rec.State)
+		}
+	}
+}
+
+// runtime.Goexit in a Codec's Unmarshal, decoding a replay, releases the
+// key the caller held in memory.
+func TestGoexitInCodecUnmarshal(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	writer := durableStore(t, mem, idem.Options{})
+	_, err := writer.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{1, 1}, nil })
+	require.NoError(t, err)
+
+	s := idem.New[order](idem.Options{Backend: mem, Codec: exitingCodec{unmarshal: true}})
+	inGoroutine(func() {
+		_, _ = s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{}, nil })
+	})
+	assert.Equal(t, 0, s.Len(), "the key was left in flight")
+	closes(t, s)
+}
+
+// runtime.Goexit in an Observer hook, anywhere around a claim, leaves no
+// key in flight: the next call runs, and Close returns.
+func TestGoexitInObserver(t *testing.T) {
+	hooks := map[string]func(exit func()) *idem.Observer{
+		"Executing(+1)": func(exit func()) *idem.Observer {
+			return &idem.Observer{Executing: func(_ context.Context, d int) {
+				if d > 0 {
+					exit()
+				}
+			}}
+		},
+		"Executing(-1)": func(exit func()) *idem.Observer {
+			return &idem.Observer{Executing: func(_ context.Context, d int) {
+				if d < 0 {
+					exit()
+				}
+			}}
+		},
+		"Call": func(exit func()) *idem.Observer {
+			return &idem.Observer{Call: func(context.Context, string, idem.Outcome, time.Duration) { exit() }}
+		},
+	}
+	for _, phase := range []string{"idem.claim", "idem.execute", "idem.record"} {
+		hooks["Span "+phase] = func(exit func()) *idem.Observer {
+			return &idem.Observer{Span: func(ctx context.Context, p, _ string) (context.Context, func(error)) {
+				if p == phase {
+					exit()
+				}
+				return ctx, func(error) {}
+			}}
+		}
+		hooks["Span end "+phase] = func(exit func()) *idem.Observer {
+			return &idem.Observer{Span: func(ctx context.Context, p, _ string) (context.Context, func(error)) {
+				return ctx, func(error) {
+					if p == phase {
+						exit()
+					}
+				}
+			}}
+		}
+	}
+	for name, hook := range hooks {
+		for _, durable := range []bool{false, true} {
+			t.Run(name, func(t *testing.T) {
+				var armed atomic.Bool
+				armed.Store(true)
+				exit := func() {
+					if armed.CompareAndSwap(true, false) {
+						runtime.Goexit()
+					}
+				}
+				opts := idem.Options{Observer: hook(exit), SettleTimeout: 50 * time.Millisecond}
+				mem := idemtest.NewMemoryBackend()
+				if durable {
+					opts.Backend = mem
+				}
+				s := idem.New[order](opts)
+				var calls atomic.Int32
+				fn := func(context.Context) (order, error) {
+					calls.Add(1)
+					return order{}, errors.New("transient") // released, so the next call runs
+				}
+				for _, begin := range []bool{false, true} {
+					inGoroutine(func() {
+						if begin {
+							tk, err := s.Begin(context.Background(), "k", "p")
+							if err == nil {
+								_, _ = tk.Do(fn)
+							}
+							return
+						}
+						_, _ = s.RunOnce(context.Background(), "k", "p", fn)
+					})
+					armed.Store(!begin) // again for Begin, then no more
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_, err := s.RunOnce(ctx, "k", "p", fn)
+				require.EqualError(t, err, "transient", "the key was left in flight")
+				closes(t, s)
+				if durable {
+					_, ok, err := mem.Get(context.Background(), "k", time.Now())
+					require.NoError(t, err)
+					assert.False(t, ok, "the durable claim was left behind")
+				}
+			})
+		}
+	}
+}

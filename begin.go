@@ -184,6 +184,9 @@ func (s *Store[R]) workContext(ctx context.Context, d *detached) (context.Contex
 // flight with Close waiting for it.
 func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	e := t.e
+	if t.op != nil {
+		t.op.end()
+	}
 	final := isFinalOutcome(err)
 	settled := false
 	defer func() {

@@ -349,15 +349,20 @@ func (t *Ticket[R]) takeLease() func() {
 
 // lapse ends claim's lease now, keeping its record and steps, so that the
 // next call resumes it at once rather than waiting the lease out. It is a
-// Renew whose lease ends at the store's now (a backend on the store's clock
-// then sees it lapsed even if that clock stands still, as a test's does),
-// or a nanosecond after a server's now. If it fails, the lease lapses on
-// its own.
+// Renew whose lease ends at lapsedAt by the store's clock, long past, so
+// that a backend on the store's clock sees it lapsed whatever that clock
+// does next (stands still, as a test's does, or steps back), or a
+// nanosecond after a server's now. If it fails, the lease lapses on its
+// own.
 func (s *Store[R]) lapse(ctx context.Context, claim backend.Record) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
 	defer cancel()
-	_ = s.opts.Backend.Renew(ctx, claim.Key, claim.Token, s.opts.Now().Add(-time.Nanosecond), time.Nanosecond)
+	_ = s.opts.Backend.Renew(ctx, claim.Key, claim.Token, lapsedAt, time.Nanosecond)
 }
+
+// lapsedAt is the instant a lapsed lease is given: the first second of
+// Unix time, which every backend can store.
+var lapsedAt = time.Unix(1, 0).UTC()
 
 // Options returns the options the store runs with, defaults applied.
 func (s *Store[R]) Options() Options { return s.opts }

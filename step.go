@@ -27,6 +27,7 @@ type operation struct {
 	steps    map[string]backend.Step // guarded by mu; recorded, or resumed with the claim
 	done     map[string]*stepCall    // guarded by mu; this run's steps, finished or running
 	recorded bool                    // guarded by mu; whether the claim holds a step
+	ended    bool                    // guarded by mu; set as the operation is settled: no step starts after
 	// record records a step durably under the claim, fenced by its token;
 	// nil when steps are not recorded (no Stepper, or Options.Resume off).
 	record func(ctx context.Context, s backend.Step) error
@@ -41,7 +42,33 @@ type stepCall struct {
 }
 
 type operationKey struct{}
-type stepNameKey struct{}
+type stepFrameKey struct{}
+
+// A stepFrame is the step a context runs in, in the context Step gives its
+// fn: its operation, its name, and the step it was called from, if any.
+type stepFrame struct {
+	op     *operation
+	name   string
+	parent *stepFrame
+}
+
+// within reports whether a context in frame f runs inside op's step name.
+func (f *stepFrame) within(op *operation, name string) bool {
+	for ; f != nil; f = f.parent {
+		if f.op == op && f.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// end marks op as settled: a Step called after it (from a goroutine fn
+// left running) must not run, since the key may already be another run's.
+func (op *operation) end() {
+	op.mu.Lock()
+	op.ended = true
+	op.mu.Unlock()
+}
 
 // withOperation returns ctx carrying a new operation for key.
 func (s *Store[R]) withOperation(ctx context.Context, key string) (context.Context, *operation) {
@@ -85,6 +112,10 @@ var errStepExited = errors.New("idem: the step's fn exited its goroutine")
 // be the operation's own.
 var errEmptyStepName = errors.New("idem: a step needs a name")
 
+// errOperationEnded is returned by Step called after its operation was
+// settled, by a goroutine its fn left running: fn is not called.
+var errOperationEnded = errors.New("idem: Step after its operation ended; fn did not run")
+
 // Step runs fn as the step called name of the operation ctx belongs to (the
 // ctx RunOnce gives its fn, or a Ticket's Context) and returns its outcome.
 //
@@ -109,7 +140,11 @@ var errEmptyStepName = errors.New("idem: a step needs a name")
 // fail, and its next run runs the step again.
 func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
+	if ctx == nil {
+		return zero, errNilContext
+	}
 	op, _ := ctx.Value(operationKey{}).(*operation)
+	frame, _ := ctx.Value(stepFrameKey{}).(*stepFrame)
 	switch {
 	case op == nil:
 		return zero, ErrNoOperation
@@ -117,11 +152,21 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		return zero, errNilFunc
 	case name == "":
 		return zero, errEmptyStepName
+	case frame.within(op, name):
+		return zero, fmt.Errorf("idem: step %q called from inside itself", name)
 	}
 	op.mu.Lock()
-	if c, ok := op.done[name]; ok { // this run's: wait for it
+	if op.ended {
 		op.mu.Unlock()
-		<-c.ready
+		return zero, errOperationEnded
+	}
+	if c, ok := op.done[name]; ok { // this run's: wait for it, for as long as the operation runs
+		op.mu.Unlock()
+		select {
+		case <-c.ready:
+		case <-ctx.Done():
+			return zero, fmt.Errorf("idem: waiting for step %q: %w", name, context.Cause(ctx))
+		}
 		val, ok := c.val.(T)
 		if !ok && c.val != nil {
 			return zero, fmt.Errorf("idem: step %q was called with %T before, not %T", name, c.val, zero)
@@ -159,7 +204,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	}
 	// A panic in fn is not a step's outcome: it goes on up, as from the
 	// operation's own code.
-	val, err = fn(context.WithValue(ctx, stepNameKey{}, name))
+	val, err = fn(context.WithValue(ctx, stepFrameKey{}, &stepFrame{op: op, name: name, parent: frame}))
 	returned = true
 	if !isFinalOutcome(err) || record == nil {
 		return val, err
@@ -204,6 +249,9 @@ func decodeStep[T any](codec Codec, s backend.Step) (T, error) {
 // to another service as its idempotency key. It is "" outside an
 // operation.
 func OperationKey(ctx context.Context) string {
+	if ctx == nil {
+		return ""
+	}
 	op, _ := ctx.Value(operationKey{}).(*operation)
 	if op == nil {
 		return ""
@@ -217,11 +265,19 @@ func OperationKey(ctx context.Context) string {
 // key to the service it calls, which then recognises the repeat. It is
 // OperationKey outside a step, and "" outside an operation.
 func StepKey(ctx context.Context) string {
+	if ctx == nil {
+		return ""
+	}
 	op, _ := ctx.Value(operationKey{}).(*operation)
 	if op == nil {
 		return ""
 	}
-	name, _ := ctx.Value(stepNameKey{}).(string)
+	// Only a step of this operation names the key: inside an operation
+	// nested in another's step, the outer step is not this one's.
+	name := ""
+	if f, _ := ctx.Value(stepFrameKey{}).(*stepFrame); f != nil && f.op == op {
+		name = f.name
+	}
 	return derivedKey(op.key, name)
 }
 

@@ -691,8 +691,8 @@ func TestHostileRecoveryPointOutlivesTTLAndSweep(t *testing.T) {
 }
 
 // Step called with the operation's ctx after fn returned (a goroutine that
-// kept it): the operation is completed, so the step cannot be recorded
-// into it; Step says so, and the record's steps are unchanged.
+// kept it): the operation is completed, so the step must not run; Step
+// says so before calling fn, and the record's steps are unchanged.
 func TestHostileStepAfterOperationReturned(t *testing.T) {
 	b := hsOpenBolt(t)
 	s := hsStore[string](t, idem.Options{Backend: b, Resume: true})
@@ -703,8 +703,10 @@ func TestHostileStepAfterOperationReturned(t *testing.T) {
 		return "done", err
 	})
 	require.NoError(t, err)
-	_, err = idem.Step(kept, "late", func(context.Context) (int, error) { return 1, nil })
-	assert.ErrorIs(t, err, backend.ErrNotOwner)
+	var ran atomic.Bool
+	_, err = idem.Step(kept, "late", func(context.Context) (int, error) { ran.Store(true); return 1, nil })
+	assert.ErrorContains(t, err, "after its operation ended")
+	assert.False(t, ran.Load(), "a step ran after its operation ended")
 	rec, _, err := b.Get(context.Background(), "k", time.Now())
 	require.NoError(t, err)
 	require.Len(t, rec.Steps, 1)

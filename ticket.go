@@ -51,13 +51,13 @@ type Ticket[R any] struct {
 	claim *backend.Record
 	op    *operation // what Step knows of this execution; in ctx, and so in work
 
-	work     context.Context    // Context's; made on first use, or by Begin for a durable claim
-	cancel   context.CancelFunc // ends work and its timeout; nil if there is nothing to end
+	work   context.Context    // Context's; made on first use, or by Begin for a durable claim
+	cancel context.CancelFunc // ends work and its timeout; nil if there is nothing to end
 	// stopLease ends the durable claim's lease renewals; nil without one.
 	// finish calls it once the outcome is settled, or hands it to the
 	// goroutine that goes on recording an outcome the backend refused.
 	stopLease func()
-	detached detached           // ctx without its cancellation, kept here to save an allocation
+	detached  detached // ctx without its cancellation, kept here to save an allocation
 
 	waited   bool        // begin waited for an execution in flight; for the Observer
 	replayed bool        // FinishReplayed: the owner found the outcome recorded; for the Observer

@@ -11,9 +11,10 @@ type entry[R any] struct {
 	shard *shard[R]   // holds the entry; immutable, saves hashing the key again
 
 	// Guarded by shard.mu.
-	completed  bool      // the outcome is final and replays until expires
-	expires    time.Time // set when completed; zero for a pinned entry, which stays until unpinned
-	prev, next *entry[R] // the shard's expiry list, completed entries only
+	completed  bool           // the outcome is final and replays until expires
+	expires    time.Time      // set when completed; zero for a pinned entry, which stays until unpinned
+	run        *expiryList[R] // the expiry run holding the entry; nil while in flight or pinned
+	prev, next *entry[R]      // neighbours in run
 
 	// done is closed once the outcome is set. The first caller that needs to
 	// wait makes it, under shard.mu, and it is never replaced, so a claim can
@@ -28,21 +29,41 @@ type entry[R any] struct {
 	shared bool // the outcome is final (recorded or replayed): waiters replay it rather than fail with it
 }
 
-// expiryList holds a shard's completed entries in completion order. With one
-// TTL for the whole store, completion order is expiry order, so the expired
-// entries are always a prefix and a sweep touches only what it removes.
+// An expiryList is a run of a shard's completed entries in expiry order,
+// so that the expired ones are always a prefix and a sweep touches only
+// what it removes. Completions arrive in expiry order but for two cases:
+// two executions that read the clock in one order and reach the lock in
+// the other (the entry goes a few places back), and a clock stepped back
+// (the shard starts a new run). Either way every entry keeps its own
+// expiry: a clock step never extends another key's TTL.
 type expiryList[R any] struct {
 	head, tail *entry[R]
 }
 
-func (l *expiryList[R]) pushBack(e *entry[R]) {
-	e.prev, e.next = l.tail, nil
-	if l.tail == nil {
-		l.head = e
-	} else {
-		l.tail.next = e
+// insert puts e, whose expires is set, in its place in l, looking at most
+// walk entries back from the tail, and reports whether it found it there.
+// A negative walk means no limit.
+func (l *expiryList[R]) insert(e *entry[R], walk int) bool {
+	p := l.tail
+	for ; p != nil && e.expires.Before(p.expires); p = p.prev {
+		if walk == 0 {
+			return false
+		}
+		walk--
 	}
-	l.tail = e
+	// e goes after p (at the head if p is nil).
+	e.run, e.prev = l, p
+	if p == nil {
+		e.next, l.head = l.head, e
+	} else {
+		e.next, p.next = p.next, e
+	}
+	if e.next == nil {
+		l.tail = e
+	} else {
+		e.next.prev = e
+	}
+	return true
 }
 
 func (l *expiryList[R]) remove(e *entry[R]) {
@@ -56,5 +77,5 @@ func (l *expiryList[R]) remove(e *entry[R]) {
 	} else {
 		e.next.prev = e.prev
 	}
-	e.prev, e.next = nil, nil
+	e.prev, e.next, e.run = nil, nil, nil
 }

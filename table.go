@@ -44,7 +44,9 @@ type shard[R any] struct {
 	mu      sync.Mutex
 	closed  bool                 // guarded by mu; no claims once set
 	entries map[string]*entry[R] // guarded by mu
-	expiry  expiryList[R]        // guarded by mu
+	// runs holds the completed entries, each run in expiry order; one
+	// unless the clock stepped back. Guarded by mu.
+	runs []*expiryList[R]
 	_       [64]byte             // keep neighbouring shards' locks off one cache line
 }
 
@@ -117,24 +119,43 @@ func (t *table[R]) reserve() bool {
 
 // complete records e's outcome, already written to e.val and e.err, as final
 // until expires, and wakes its waiters.
-//
-// The expiry list must stay in expiry order, but two executions may read the
-// clock in one order and reach the lock in the other. So an entry never
-// expires before the one completed ahead of it: at worst it outlives its TTL
-// by the gap between the two clock reads.
 func (t *table[R]) complete(e *entry[R], expires time.Time) {
 	sh := e.shard
 	sh.mu.Lock()
-	if last := sh.expiry.tail; last != nil && expires.Before(last.expires) {
-		expires = last.expires
-	}
 	e.completed, e.expires = true, expires
-	sh.expiry.pushBack(e)
+	sh.addToRuns(e)
 	if e.done != nil {
 		close(e.done)
 	}
 	sh.mu.Unlock()
 	t.running.Done()
+}
+
+// Bounds on the expiry runs: how far back from a run's tail a completion
+// that raced another is looked for, and how many runs a shard keeps before
+// it pays for a longer look instead (a clock that keeps stepping back).
+const (
+	runWalk = 8
+	maxRuns = 8
+)
+
+// addToRuns puts the completed entry e on sh's last run, or on a new one
+// when e expires before that run's recent entries: the clock stepped back.
+// The caller holds sh.mu.
+func (sh *shard[R]) addToRuns(e *entry[R]) {
+	if n := len(sh.runs); n > 0 {
+		last := sh.runs[n-1]
+		if last.insert(e, runWalk) {
+			return
+		}
+		if n == maxRuns {
+			last.insert(e, -1)
+			return
+		}
+	}
+	run := new(expiryList[R])
+	run.insert(e, 0)
+	sh.runs = append(sh.runs, run)
 }
 
 // pin records e's outcome, already in e.val and e.err, until unpin: it
@@ -225,8 +246,8 @@ func (t *table[R]) forget(key string) error {
 
 // removeLocked drops the completed entry e. The caller holds sh.mu.
 func (t *table[R]) removeLocked(sh *shard[R], e *entry[R]) {
-	if !e.expires.IsZero() { // pinned entries are not on the expiry list
-		sh.expiry.remove(e)
+	if e.run != nil { // pinned entries are on no run
+		e.run.remove(e)
 	}
 	delete(sh.entries, e.key)
 	if t.maxKeys > 0 {
@@ -261,10 +282,22 @@ func (t *table[R]) sweepBatch(sh *shard[R], now time.Time) int {
 		testHookSweepBatch()
 	}
 	n := 0
-	for e := sh.expiry.head; e != nil && n < sweepBatch && !now.Before(e.expires); e = sh.expiry.head {
-		t.removeLocked(sh, e)
-		n++
+	for _, run := range sh.runs {
+		for e := run.head; e != nil && n < sweepBatch && !now.Before(e.expires); e = run.head {
+			t.removeLocked(sh, e)
+			n++
+		}
 	}
+	// Drop the runs emptied, but for the last, which takes the next
+	// completions.
+	kept := sh.runs[:0]
+	for i, run := range sh.runs {
+		if run.head != nil || i == len(sh.runs)-1 {
+			kept = append(kept, run)
+		}
+	}
+	clear(sh.runs[len(kept):])
+	sh.runs = kept
 	return n
 }
 

@@ -210,3 +210,75 @@ func TestExpiryOrderSurvivesOutOfOrderCompletion(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, n, "an entry sorted behind a live one was left unswept")
 }
+
+// A clock stepped forward and back (an NTP step: time.Now().UTC() carries
+// no monotonic reading) shortens or extends no other key's TTL: a key
+// completed after the step expires on time, and a sweep removes it
+// (issue 18: each expiry was raised to the shard's latest, so a 1-minute
+// key replayed for 10 hours).
+func TestClockStepExtendsNoTTL(t *testing.T) {
+	clock := newFakeClock()
+	s := newStore[int](t, Options{TTL: time.Minute, Now: clock.Now, SweepInterval: -1})
+	runs := 0
+	fn := func(context.Context) (int, error) { runs++; return runs, nil }
+	ctx := context.Background()
+	clock.Advance(10 * time.Hour)
+	for i := range numShards * 4 { // enough keys to meet "k" in its shard
+		_, err := s.RunOnce(ctx, fmt.Sprint("ahead-", i), nil, fn)
+		require.NoError(t, err)
+	}
+	clock.Advance(-10 * time.Hour)
+	_, err := s.RunOnce(ctx, "k", nil, fn)
+	require.NoError(t, err)
+	before := runs
+
+	clock.Advance(2 * time.Minute)
+	v, err := s.RunOnce(ctx, "k", nil, fn)
+	require.NoError(t, err)
+	assert.Equal(t, before+1, v, "the key replayed past its TTL")
+
+	clock.Advance(2 * time.Minute)
+	n, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "the sweep left the expired key behind the keys completed ahead of the step")
+	assert.Equal(t, numShards*4, s.Len())
+	clock.Advance(10 * time.Hour)
+	n, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, numShards*4, n)
+	assert.Equal(t, 0, s.Len())
+}
+
+// Completions that reach a shard out of their clock order (two executions
+// that read the clock in one order and took the lock in the other, or a
+// clock that keeps stepping back and forth) each expire at their own
+// instant, and sweeps remove exactly the expired ones.
+func TestExpiryOrderUnderASteppingClock(t *testing.T) {
+	clock := newFakeClock()
+	s := newStore[int](t, Options{TTL: time.Hour, Now: clock.Now, SweepInterval: -1})
+	ctx := context.Background()
+	base := clock.Now()
+	expiries := map[string]time.Time{}
+	for i := range 400 {
+		// A clock that wanders up to ±30 minutes, many times over.
+		d := time.Duration((i*7919)%61-30) * time.Minute
+		clock.Advance(base.Add(d).Sub(clock.Now()))
+		k := fmt.Sprint("k", i)
+		_, err := s.RunOnce(ctx, k, nil, func(context.Context) (int, error) { return i, nil })
+		require.NoError(t, err)
+		expiries[k] = clock.Now().Add(time.Hour)
+	}
+	for step := -30; step <= 31; step++ {
+		at := base.Add(time.Hour + time.Duration(step)*time.Minute)
+		clock.Advance(at.Sub(clock.Now()))
+		_, err := s.Sweep(ctx)
+		require.NoError(t, err)
+		left := 0
+		for _, exp := range expiries {
+			if at.Before(exp) {
+				left++
+			}
+		}
+		require.Equal(t, left, s.Len(), "at %v", step)
+	}
+}

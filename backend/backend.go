@@ -160,7 +160,10 @@ type Backend interface {
 
 	// Sweep deletes at most limit completed records that have expired,
 	// oldest expiry first, and returns how many it deleted. Pending and
-	// interrupted records are never swept.
+	// interrupted records are never swept. A limit of zero or less
+	// deletes nothing and returns 0 and no error: it never means "no
+	// limit", so a caller's arithmetic gone wrong cannot start an
+	// unbounded delete.
 	Sweep(ctx context.Context, now time.Time, limit int) (int, error)
 }
 

@@ -45,6 +45,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"ExpiredTakeoverHasOneWinner", testExpiredTakeoverHasOneWinner},
 		{"SweepSparesClaimOverExpired", testSweepSparesClaimOverExpired},
 		{"SweepDeletesExpiredOnly", testSweepDeletesExpiredOnly},
+		{"SweepLimitNotPositive", testSweepLimitNotPositive},
 		{"GetAndForget", testGetAndForget},
 		{"RecordsRoundTrip", testRecordsRoundTrip},
 		{"ManyKeysConcurrently", testManyKeysConcurrently},

@@ -313,6 +313,11 @@ return 1`)
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored.
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: a refusal (backend.ErrRefused), which the Store
+		// need not read back.
+		return backend.Record{}, false, backend.Refuse(err)
+	}
 	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StatePending})
 	if err != nil {
 		return backend.Record{}, false, err
@@ -422,6 +427,9 @@ func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
 // already), and returns how many entries it cleared, so that a caller
 // sweeps on while there are more.
 func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil // a ZRANGE Count of 0 or less would mean no limit
+	}
 	now, err := b.rdb.Time(ctx).Result()
 	if err != nil {
 		return 0, err

@@ -36,6 +36,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"ClaimHasOneWinner", testClaimHasOneWinner},
 		{"ClaimReturnsExisting", testClaimReturnsExisting},
 		{"CompleteChecksToken", testCompleteChecksToken},
+		{"CompleteKeepsFingerprint", testCompleteKeepsFingerprint},
 		{"ReleaseChecksToken", testReleaseChecksToken},
 		{"RenewChecksToken", testRenewChecksToken},
 		{"LapsedLeaseIsInterrupted", testLapsedLeaseIsInterrupted},

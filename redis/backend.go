@@ -258,15 +258,21 @@ if not v then return nil end
 	// if the header has one (digits after created, where a record starts
 	// with its version byte), and the steps at the value's end. (A value
 	// written before the header had its created field has an empty one
-	// here, and no steps.)
+	// here, and no steps.) It keeps its fingerprint too, whatever ARGV[2]
+	// holds: every binary record starts with its version, state, key
+	// length, key and then the 32 bytes of fingerprint, which are copied
+	// from the stored record into the new one.
 	completeScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local st, tok, created, e = string.match(v, '^(%d)|%d*|([^|]*)|(%d*)|?()')
 if tok ~= ARGV[1] or st == '2' then return 0 end
 if created == '' then created = '0' end
 local n, steps = string.match(v, '^(%d+)|', e), ''
-if n then steps = string.sub(v, -tonumber(n)); n = n .. '|' else n = '' end
-redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. n .. ARGV[2] .. steps, 'PX', ARGV[3])
+if n then steps = string.sub(v, -tonumber(n)); e = e + #n + 1; n = n .. '|' else n = '' end
+local fp = e + 3 + string.byte(v, e + 2)
+local rec, at = ARGV[2], 4 + string.byte(ARGV[2], 3)
+rec = string.sub(rec, 1, at - 1) .. string.sub(v, fp, fp + 31) .. string.sub(rec, at + 32)
+redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. n .. rec .. steps, 'PX', ARGV[3])
 if KEYS[2] then redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4]) end
 return 1`)
 
@@ -352,9 +358,11 @@ func decodeSeen(key string, reply any) (backend.Record, error) {
 	return decode(key, v, expires, lapsed == 1)
 }
 
-// Complete records the outcome, expiring ttl after the server's now.
+// Complete records the outcome, expiring ttl after the server's now. The
+// record keeps the fingerprint it was claimed with, which the script copies
+// into the encoding sent here, whatever rec.Fingerprint holds.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
-	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StateCompleted,
+	enc, err := blob(backend.Record{Key: rec.Key, State: backend.StateCompleted,
 		Value: rec.Value, Failed: rec.Failed, ErrMsg: rec.ErrMsg})
 	if err != nil {
 		return err

@@ -128,6 +128,15 @@ type Backend interface {
 	// and returns the standing record and false. The test and the write are
 	// one atomic step: of any number of concurrent claims of a key, exactly
 	// one wins.
+	//
+	// With a nil error, a valid answer is, with true, a record with rec's
+	// Key, Fingerprint and Token and StatePending; with false, the standing
+	// record, with rec's Key, a non-empty Token and State StatePending,
+	// StateCompleted or StateInterrupted. Any other answer, such as
+	// (Record{}, true, nil), is malformed: a Store reports it as the
+	// backend's failure (a *idem.BackendError), never as a claim or a
+	// replay. The conformance suite (idemtest.Run) checks every answer it
+	// gets.
 	Claim(ctx context.Context, rec Record, now time.Time, lease time.Duration) (Record, bool, error)
 
 	// Complete records the outcome in rec (Value, Failed, ErrMsg) for

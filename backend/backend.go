@@ -128,6 +128,15 @@ type Backend interface {
 	// and returns the standing record and false. The test and the write are
 	// one atomic step: of any number of concurrent claims of a key, exactly
 	// one wins.
+	//
+	// With a nil error, a valid answer is, with true, a record with rec's
+	// Key, Fingerprint and Token and StatePending; with false, the standing
+	// record, with rec's Key, a non-empty Token and State StatePending,
+	// StateCompleted or StateInterrupted. Any other answer, such as
+	// (Record{}, true, nil), is malformed: a Store reports it as the
+	// backend's failure (a *idem.BackendError), never as a claim or a
+	// replay. The conformance suite (idemtest.Run) checks every answer it
+	// gets.
 	Claim(ctx context.Context, rec Record, now time.Time, lease time.Duration) (Record, bool, error)
 
 	// Complete records the outcome in rec (Value, Failed, ErrMsg) for
@@ -160,7 +169,10 @@ type Backend interface {
 
 	// Sweep deletes at most limit completed records that have expired,
 	// oldest expiry first, and returns how many it deleted. Pending and
-	// interrupted records are never swept.
+	// interrupted records are never swept. A limit of zero or less
+	// deletes nothing and returns 0 and no error: it never means "no
+	// limit", so a caller's arithmetic gone wrong cannot start an
+	// unbounded delete.
 	Sweep(ctx context.Context, now time.Time, limit int) (int, error)
 }
 

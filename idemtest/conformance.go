@@ -35,7 +35,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 	}{
 		{"ClaimHasOneWinner", testClaimHasOneWinner},
 		{"ClaimReturnsExisting", testClaimReturnsExisting},
+		{"ClaimAnswersWellFormed", testClaimAnswersWellFormed},
 		{"CompleteChecksToken", testCompleteChecksToken},
+		{"CompleteKeepsFingerprint", testCompleteKeepsFingerprint},
 		{"ReleaseChecksToken", testReleaseChecksToken},
 		{"RenewChecksToken", testRenewChecksToken},
 		{"LapsedLeaseIsInterrupted", testLapsedLeaseIsInterrupted},
@@ -45,6 +47,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"ExpiredTakeoverHasOneWinner", testExpiredTakeoverHasOneWinner},
 		{"SweepSparesClaimOverExpired", testSweepSparesClaimOverExpired},
 		{"SweepDeletesExpiredOnly", testSweepDeletesExpiredOnly},
+		{"SweepLimitNotPositive", testSweepLimitNotPositive},
 		{"GetAndForget", testGetAndForget},
 		{"RecordsRoundTrip", testRecordsRoundTrip},
 		{"ManyKeysConcurrently", testManyKeysConcurrently},
@@ -84,8 +87,7 @@ func claimKey(t *testing.T, b backend.Backend, key string, lease time.Duration) 
 	got, won, err := b.Claim(context.Background(), req, time.Now(), lease)
 	require.NoError(t, err)
 	require.True(t, won, "claim of a free key %q", key)
-	assert.Equal(t, req.Token, got.Token, "the claimed record holds the claim's token")
-	assert.Equal(t, backend.StatePending, got.State)
+	assertWellFormed(t, req, got, won)
 	return got
 }
 

@@ -40,7 +40,8 @@ func testRepeatedWrites(t *testing.T, b backend.Backend) {
 	assert.False(t, ok)
 }
 
-// A call whose context is already done returns an error and writes nothing.
+// A call whose context is already done returns an error and writes
+// nothing; a Claim is refused.
 func testCancelledContext(t *testing.T, b backend.Backend) {
 	live := claimKey(t, b, "live", lease)
 	done := claimAndComplete(t, b, "done", "v", ttl)
@@ -48,8 +49,17 @@ func testCancelledContext(t *testing.T, b backend.Backend) {
 	cancel()
 	now := time.Now()
 
+	// A claim refused before it was sent must say so (backend.ErrRefused):
+	// a bare ctx error leaves the Store reading back, and releasing later,
+	// a claim that cannot land, and Close waiting for it.
 	_, _, err := b.Claim(ctx, request("new"), now, lease)
-	assert.Error(t, err, "Claim")
+	assert.ErrorIs(t, err, backend.ErrRefused, "Claim with a cancelled ctx")
+	assert.ErrorIs(t, err, context.Canceled, "Claim with a cancelled ctx keeps its ctx's error")
+	late, cancelLate := context.WithDeadline(context.Background(), now.Add(-time.Second))
+	defer cancelLate()
+	_, _, err = b.Claim(late, request("new"), now, lease)
+	assert.ErrorIs(t, err, backend.ErrRefused, "Claim with a ctx past its deadline")
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "Claim with a ctx past its deadline keeps its ctx's error")
 	assert.Error(t, b.Complete(ctx, outcome(live, "v"), now, ttl), "Complete")
 	assert.Error(t, b.Release(ctx, "live", live.Token), "Release")
 	assert.Error(t, b.Renew(ctx, "live", live.Token, now, lease), "Renew")

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -61,10 +62,14 @@ func testStepsRoundTrip(t *testing.T, b backend.Stepper) {
 		assert.Equal(t, want.ErrMsg, got.ErrMsg, want.Name)
 		assert.False(t, got.At.Before(before.Add(-time.Minute)), "%s: recorded at %v", want.Name, got.At)
 	}
-	// Completing the operation keeps its steps, for the operator's eyes.
-	require.NoError(t, b.Complete(ctx, outcome(claim, "done"), time.Now(), ttl))
+	// Completing the operation keeps its steps, for the operator's eyes,
+	// and its fingerprint, whatever the outcome's record holds.
+	done := outcome(claim, "done")
+	done.Fingerprint = idem.Fingerprint{0xde, 0xad}
+	require.NoError(t, b.Complete(ctx, done, time.Now(), ttl))
 	rec, _ = get(t, b, "k")
 	assert.Len(t, rec.Steps, 2)
+	assert.Equal(t, claim.Fingerprint, rec.Fingerprint, "Complete kept the claim's fingerprint")
 }
 
 func testRecordStepChecksToken(t *testing.T, b backend.Stepper) {

@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -168,6 +169,33 @@ func testSweepDeletesExpiredOnly(t *testing.T, b backend.Backend) {
 		_, ok := get(t, b, key)
 		assert.True(t, ok, "%s must not be swept", key)
 	}
+}
+
+// A limit of zero or less sweeps nothing (backend.Backend's Sweep doc),
+// and never panics.
+func testSweepLimitNotPositive(t *testing.T, b backend.Backend) {
+	ctx := context.Background()
+	for i := range 3 {
+		claimAndComplete(t, b, fmt.Sprint("short-", i), "v", shortTTL)
+	}
+	eventually(t, func() bool {
+		for i := range 3 {
+			if _, ok := get(t, b, fmt.Sprint("short-", i)); ok {
+				return false
+			}
+		}
+		return true
+	}, "the records expire")
+	for _, limit := range []int{0, -1, math.MinInt} {
+		var n int
+		var err error
+		require.NotPanics(t, func() { n, err = b.Sweep(ctx, time.Now(), limit) }, "Sweep with limit %d", limit)
+		require.NoError(t, err, "Sweep with limit %d", limit)
+		assert.Zero(t, n, "Sweep with limit %d deleted records", limit)
+	}
+	n, err := b.Sweep(ctx, time.Now(), 100)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n, "the expired records are all still there to sweep: a limit of zero or less deleted some")
 }
 
 func testGetAndForget(t *testing.T, b backend.Backend) {

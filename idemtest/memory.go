@@ -30,7 +30,7 @@ func NewMemoryBackend() *MemoryBackend {
 }
 
 func (m *MemoryBackend) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
-	if err := ctx.Err(); err != nil {
+	if err := refuseEnded(ctx); err != nil {
 		return backend.Record{}, false, err
 	}
 	m.mu.Lock()
@@ -49,7 +49,7 @@ func (m *MemoryBackend) Claim(ctx context.Context, rec backend.Record, now time.
 }
 
 func (m *MemoryBackend) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
+	if err := refuseEnded(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -65,7 +65,7 @@ func (m *MemoryBackend) Complete(ctx context.Context, rec backend.Record, now ti
 }
 
 func (m *MemoryBackend) Release(ctx context.Context, key, token string) error {
-	if err := ctx.Err(); err != nil {
+	if err := refuseEnded(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -85,7 +85,7 @@ func (m *MemoryBackend) ownedLocked(key, token string) bool {
 }
 
 func (m *MemoryBackend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
-	if err := ctx.Err(); err != nil {
+	if err := refuseEnded(ctx); err != nil {
 		return backend.Record{}, false, err
 	}
 	m.mu.Lock()
@@ -109,7 +109,7 @@ func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now time.T
 // claim on it is pending and its lease unlapsed at now; otherwise it
 // returns ErrNotOwner.
 func (m *MemoryBackend) changeLive(ctx context.Context, key, token string, now time.Time, change func(backend.Record) backend.Record) error {
-	if err := ctx.Err(); err != nil {
+	if err := refuseEnded(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -123,7 +123,7 @@ func (m *MemoryBackend) changeLive(ctx context.Context, key, token string, now t
 }
 
 func (m *MemoryBackend) Forget(ctx context.Context, key string, now time.Time) error {
-	if err := ctx.Err(); err != nil {
+	if err := refuseEnded(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -136,8 +136,11 @@ func (m *MemoryBackend) Forget(ctx context.Context, key string, now time.Time) e
 }
 
 func (m *MemoryBackend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
-	if err := ctx.Err(); err != nil {
+	if err := refuseEnded(ctx); err != nil {
 		return 0, err
+	}
+	if limit <= 0 {
+		return 0, nil
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -155,6 +158,16 @@ func (m *MemoryBackend) Sweep(ctx context.Context, now time.Time, limit int) (in
 		delete(m.records, rec.Key)
 	}
 	return len(expired), nil
+}
+
+// refuseEnded refuses a call whose ctx has ended before it did anything,
+// as backend.ErrRefused's doc asks: a bare ctx error would leave the Store
+// watching for a write that can never land (and Close waiting for it).
+func refuseEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return backend.Refuse(err)
+	}
+	return nil
 }
 
 // Crash makes every pending record interrupted, as a durable backend finds
@@ -206,7 +219,7 @@ func (m *MemoryBackend) RecordStep(ctx context.Context, key, token string, step 
 
 // Resume takes over key's interrupted record held by old.
 func (m *MemoryBackend) Resume(ctx context.Context, key, old, token string, now time.Time, lease time.Duration) (backend.Record, error) {
-	if err := ctx.Err(); err != nil {
+	if err := refuseEnded(ctx); err != nil {
 		return backend.Record{}, err
 	}
 	m.mu.Lock()

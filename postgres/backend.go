@@ -234,6 +234,11 @@ func micros(d time.Duration) int64 {
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored.
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: a refusal (backend.ErrRefused), which the Store
+		// need not read back.
+		return backend.Record{}, false, backend.Refuse(err)
+	}
 	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease)}
 	for {
 		rows, err := b.pool.Query(ctx, b.q.claim, args...)
@@ -305,6 +310,9 @@ func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
 
 // Sweep judges expiry by the server's clock.
 func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil // PostgreSQL refuses a negative LIMIT
+	}
 	tag, err := b.pool.Exec(ctx, b.q.sweep, limit)
 	if err != nil {
 		return 0, err

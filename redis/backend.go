@@ -40,6 +40,18 @@
 // Scripts are sent by hash and loaded on a server that has not cached them
 // (a new or restarted server, a failover, every node of a new Cluster);
 // inside pipelines they are sent whole.
+//
+// Contexts: every Backend call returns once its ctx ends, whatever the
+// client's options, even against a server that never answers (go-redis
+// alone would wait for its socket timeouts). A command the backend stops
+// waiting for goes on in the background until the client gives up on it;
+// set ContextTimeoutEnabled so that go-redis ends it at ctx's deadline too
+// and frees its connection. A call whose ctx had already ended is refused
+// (backend.ErrRefused): nothing is sent. An unreachable server is answered
+// with go-redis's connection error once the client's own retries are
+// spent (MaxRetries, DialerRetries, DialerRetryTimeout: up to about 2 s
+// with the defaults). Each, for inspection, is the exception: its SCAN
+// pages end with the client's timeouts only.
 package redis
 
 import (
@@ -258,15 +270,21 @@ if not v then return nil end
 	// if the header has one (digits after created, where a record starts
 	// with its version byte), and the steps at the value's end. (A value
 	// written before the header had its created field has an empty one
-	// here, and no steps.)
+	// here, and no steps.) It keeps its fingerprint too, whatever ARGV[2]
+	// holds: every binary record starts with its version, state, key
+	// length, key and then the 32 bytes of fingerprint, which are copied
+	// from the stored record into the new one.
 	completeScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local st, tok, created, e = string.match(v, '^(%d)|%d*|([^|]*)|(%d*)|?()')
 if tok ~= ARGV[1] or st == '2' then return 0 end
 if created == '' then created = '0' end
 local n, steps = string.match(v, '^(%d+)|', e), ''
-if n then steps = string.sub(v, -tonumber(n)); n = n .. '|' else n = '' end
-redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. n .. ARGV[2] .. steps, 'PX', ARGV[3])
+if n then steps = string.sub(v, -tonumber(n)); e = e + #n + 1; n = n .. '|' else n = '' end
+local fp = e + 3 + string.byte(v, e + 2)
+local rec, at = ARGV[2], 4 + string.byte(ARGV[2], 3)
+rec = string.sub(rec, 1, at - 1) .. string.sub(v, fp, fp + 31) .. string.sub(rec, at + 32)
+redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. n .. rec .. steps, 'PX', ARGV[3])
 if KEYS[2] then redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4]) end
 return 1`)
 
@@ -313,6 +331,16 @@ return 1`)
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored.
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
+	// A ctx that had ended is refused (bound): nothing is sent, so the
+	// Store need not read the claim back.
+	f, err := bound(ctx, func(ctx context.Context) (found, error) {
+		rec, won, err := b.claim(ctx, rec, lease)
+		return found{rec, won}, err
+	})
+	return f.rec, f.ok, err
+}
+
+func (b *Backend) claim(ctx context.Context, rec backend.Record, lease time.Duration) (backend.Record, bool, error) {
 	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StatePending})
 	if err != nil {
 		return backend.Record{}, false, err
@@ -347,9 +375,15 @@ func decodeSeen(key string, reply any) (backend.Record, error) {
 	return decode(key, v, expires, lapsed == 1)
 }
 
-// Complete records the outcome, expiring ttl after the server's now.
+// Complete records the outcome, expiring ttl after the server's now. The
+// record keeps the fingerprint it was claimed with, which the script copies
+// into the encoding sent here, whatever rec.Fingerprint holds.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
-	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StateCompleted,
+	return bound0(ctx, func(ctx context.Context) error { return b.complete(ctx, rec, ttl) })
+}
+
+func (b *Backend) complete(ctx context.Context, rec backend.Record, ttl time.Duration) error {
+	enc, err := blob(backend.Record{Key: rec.Key, State: backend.StateCompleted,
 		Value: rec.Value, Failed: rec.Failed, ErrMsg: rec.ErrMsg})
 	if err != nil {
 		return err
@@ -381,18 +415,30 @@ func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time,
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	n, err := releaseScript.Run(ctx, b.rdb, []string{b.key(key)}, token).Int64()
-	return backend.Owned(n, err, key)
+	return bound0(ctx, func(ctx context.Context) error {
+		n, err := releaseScript.Run(ctx, b.rdb, []string{b.key(key)}, token).Int64()
+		return backend.Owned(n, err, key)
+	})
 }
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
-	n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, millis(lease)).Int64()
-	return backend.Owned(n, err, key)
+	return bound0(ctx, func(ctx context.Context) error {
+		n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, millis(lease)).Int64()
+		return backend.Owned(n, err, key)
+	})
 }
 
 // Get returns key's record as the server's clock sees it.
 func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
+	f, err := bound(ctx, func(ctx context.Context) (found, error) {
+		rec, ok, err := b.get(ctx, key)
+		return found{rec, ok}, err
+	})
+	return f.rec, f.ok, err
+}
+
+func (b *Backend) get(ctx context.Context, key string) (backend.Record, bool, error) {
 	reply, err := getScript.Run(ctx, b.rdb, []string{b.key(key)}).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -406,6 +452,10 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 
 // Forget judges the lease by the server's clock.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
+	return bound0(ctx, func(ctx context.Context) error { return b.forget(ctx, key) })
+}
+
+func (b *Backend) forget(ctx context.Context, key string) error {
 	n, err := forgetScript.Run(ctx, b.rdb, []string{b.key(key)}).Int()
 	switch {
 	case err != nil:
@@ -422,6 +472,13 @@ func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
 // already), and returns how many entries it cleared, so that a caller
 // sweeps on while there are more.
 func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil // a ZRANGE Count of 0 or less would mean no limit
+	}
+	return bound(ctx, func(ctx context.Context) (int, error) { return b.sweep(ctx, limit) })
+}
+
+func (b *Backend) sweep(ctx context.Context, limit int) (int, error) {
 	now, err := b.rdb.Time(ctx).Result()
 	if err != nil {
 		return 0, err

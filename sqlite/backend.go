@@ -216,6 +216,11 @@ func nanos(t time.Time) any {
 // Claim claims rec.Key in one transaction: the insert that wins, or the
 // record that stands, taken over if it expired at now.
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: a refusal (backend.ErrRefused), which the Store
+		// need not read back.
+		return backend.Record{}, false, backend.Refuse(err)
+	}
 	// Most claims of a known key are replays: answer them from a read,
 	// which takes no lock.
 	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil || ok {
@@ -318,6 +323,9 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 }
 
 func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil // LIMIT -1 would mean none to SQLite
+	}
 	n, err := b.exec(ctx, b.q.sweep, now.UnixNano(), limit)
 	return int(n), err
 }

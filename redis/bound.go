@@ -1,0 +1,73 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/seed094d4201/idem/backend"
+)
+
+// bound runs call, which sends commands on the backend's client under ctx,
+// and returns its answer, or ctx's error as soon as ctx ends, whichever
+// comes first: every Backend call is bounded by its ctx. go-redis ends a
+// command's socket read or write at ctx's deadline only on a client with
+// ContextTimeoutEnabled, and at a cancellation never; otherwise its socket
+// timeouts decide, seconds after a caller's ctx has ended. The backend is
+// handed its caller's client, whose options it cannot change, so it waits
+// on ctx itself.
+//
+// A call whose ctx had ended before it started is refused
+// (backend.Refuse): nothing was sent. A call it stops waiting for goes on
+// in a goroutine until go-redis answers or gives up (its socket timeouts),
+// and may still land: the Store settles that by the claim's token, as it
+// does a lost reply. Calls under a ctx that never ends run in the caller's
+// goroutine.
+func bound[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	var zero T
+	if err := ctx.Err(); err != nil {
+		return zero, backend.Refuse(err)
+	}
+	if ctx.Done() == nil {
+		return call(ctx)
+	}
+	type answer struct {
+		v   T
+		err error
+	}
+	answered := make(chan answer, 1) // the goroutine never blocks on a caller that left
+	go func() {
+		var a answer
+		defer func() {
+			// No caller may be left to take a panic (a client's hook, say)
+			// from this goroutine: it would end the process.
+			if p := recover(); p != nil {
+				a = answer{err: fmt.Errorf("redis: panic in the client: %v", p)}
+			}
+			answered <- a
+		}()
+		a.v, a.err = call(ctx)
+	}()
+	select {
+	case a := <-answered:
+		return a.v, a.err
+	case <-ctx.Done():
+		select {
+		case a := <-answered: // an answer that came with the end is kept
+			return a.v, a.err
+		default:
+		}
+		return zero, fmt.Errorf("redis: no answer before ctx ended: %w", ctx.Err())
+	}
+}
+
+// bound0 is bound for a call that returns only an error.
+func bound0(ctx context.Context, call func(context.Context) error) error {
+	_, err := bound(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, call(ctx) })
+	return err
+}
+
+// A found is a record and whether it was found (Get) or won (Claim).
+type found struct {
+	rec backend.Record
+	ok  bool
+}

@@ -47,7 +47,7 @@ type shard[R any] struct {
 	// runs holds the completed entries, each run in expiry order; one
 	// unless the clock stepped back. Guarded by mu.
 	runs []*expiryList[R]
-	_       [64]byte             // keep neighbouring shards' locks off one cache line
+	_    [64]byte // keep neighbouring shards' locks off one cache line
 }
 
 func newTable[R any](maxKeys int) *table[R] {

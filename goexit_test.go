@@ -69,7 +69,7 @@ func TestGoexitInCodecMarshal(t *testing.T) {
 		mem := idemtest.NewMemoryBackend()
 		s := idem.New[order](idem.Options{Backend: mem, Codec: exitingCodec{marshal: true}, SettleTimeout: 50 * time.Millisecond})
 		out := make(chan error, 1)
-		ctx, cancel := context.WithCancel(context.Background()) // fn runs on a goroutine of the store's
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // fn runs on a goroutine of the store's
 		defer cancel()
 		go func() {
 			_, err := s.RunOnce(ctx, "k", "p", func(context.Context) (order, error) {

@@ -56,16 +56,12 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 	endClaim(err)
 	t.e = nil
 	if err != nil {
-		// A caller whose ctx ended before it learnt the key's fate
-		// answers as any caller whose ctx ended (a backend that failed
-		// for another reason is a *BackendError, even if ctx has ended
-		// since); the waiters behind it, whose own contexts may still
-		// run, claim again.
-		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, ErrInProgress) && errors.Is(err, cerr) {
-			err = fmt.Errorf("%w: %w", ErrInProgress, cerr)
-		}
+		// The error is the caller's alone when its own ctx ended before
+		// the backend answered (a *BackendError that matches ctx.Err(), not
+		// ErrInProgress: nothing says another attempt runs). The waiters
+		// behind it, whose own contexts may still run, claim again.
 		e.err = err
-		if errors.Is(err, ErrInProgress) {
+		if cerr := ctx.Err(); errors.Is(err, ErrInProgress) || (cerr != nil && errors.Is(err, cerr)) {
 			e.err = errYield
 		}
 		s.table.release(e)

@@ -103,9 +103,11 @@ func (e *PanicError) Unwrap() error {
 // with a final outcome but the Backend could not record it, though the
 // store kept trying for Options.SettleTimeout and read the record back. The
 // key stays claimed rather than released, since the operation took effect:
-// this process replays the outcome from memory for as long as the store
-// lives, and after a restart the key is interrupted (ErrOutcomeUnknown)
-// until an operator reconciles it. If instead the claim was lost (Err
+// for as long as the store lives, this process replays the outcome from
+// memory, keeps the claim's lease renewed (so no other store takes the key
+// for interrupted and runs it again) and goes on trying to record it; after
+// a restart the key is interrupted (ErrOutcomeUnknown) until an operator
+// reconciles it. If instead the claim was lost (Err
 // matches backend.ErrNotOwner: its lease lapsed and another owner took the key),
 // the backend holds that owner's outcome, which later callers get.
 type NotRecordedError struct {
@@ -122,9 +124,12 @@ func (e *NotRecordedError) Error() string {
 func (e *NotRecordedError) Unwrap() error { return e.Err }
 
 // BackendError is returned when a Backend call fails: the backend is
-// unreachable, full or broken. Op names the call ("claim", "get", "forget",
-// "sweep", "resolve", "list"); for "claim", fn did not run, and a claim that may have landed
-// unseen (its reply lost) is released as soon as the backend answers again.
+// unreachable, full or broken, gave an answer that breaks its contract, or
+// did not answer before the caller's ctx ended (the error then matches
+// ctx.Err() too). Op names the call ("claim", "get", "forget", "sweep",
+// "resolve", "list"); for "claim", fn did not run, and a claim that may
+// have landed unseen (its reply lost) is released as soon as the backend
+// answers again.
 type BackendError struct {
 	Op  string
 	Err error

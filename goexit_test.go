@@ -178,14 +178,16 @@ func TestGoexitInObserver(t *testing.T) {
 				}
 				for _, begin := range []bool{false, true} {
 					inGoroutine(func() {
+						ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+						defer cancel()
 						if begin {
-							tk, err := s.Begin(context.Background(), "k", "p")
+							tk, err := s.Begin(ctx, "k", "p")
 							if err == nil {
 								_, _ = tk.Do(fn)
 							}
 							return
 						}
-						_, _ = s.RunOnce(context.Background(), "k", "p", fn)
+						_, _ = s.RunOnce(ctx, "k", "p", fn)
 					})
 					armed.Store(!begin) // again for Begin, then no more
 				}

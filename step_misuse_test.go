@@ -48,15 +48,19 @@ func TestStepAfterTheOperationEndedDoesNotRun(t *testing.T) {
 // (issue 18).
 func TestStepCallingItselfFails(t *testing.T) {
 	s := hsStore[string](t, idem.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err := s.RunOnce(ctx, "direct", "p", func(ctx context.Context) (string, error) {
+	run := func(key string, fn func(context.Context) (string, error)) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := s.RunOnce(ctx, key, "p", fn) // the caller leaves at its deadline even if fn is stuck
+		return err
+	}
+	err := run("direct", func(ctx context.Context) (string, error) {
 		return idem.Step(ctx, "a", func(ctx context.Context) (string, error) {
 			return idem.Step(ctx, "a", func(context.Context) (string, error) { return "inner", nil })
 		})
 	})
 	require.ErrorContains(t, err, "inside itself")
-	_, err = s.RunOnce(ctx, "indirect", "p", func(ctx context.Context) (string, error) {
+	err = run("indirect", func(ctx context.Context) (string, error) {
 		return idem.Step(ctx, "a", func(ctx context.Context) (string, error) {
 			return idem.Step(ctx, "b", func(ctx context.Context) (string, error) {
 				return idem.Step(ctx, "a", func(context.Context) (string, error) { return "inner", nil })

@@ -56,12 +56,17 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 	endClaim(err)
 	t.e = nil
 	if err != nil {
-		// The error is the caller's alone when its own ctx ended before
-		// the backend answered (a *BackendError that matches ctx.Err(), not
-		// ErrInProgress: nothing says another attempt runs). The waiters
-		// behind it, whose own contexts may still run, claim again.
+		// A caller whose ctx ended before it learnt the key's fate answers
+		// as any caller whose ctx ended: the claim may have landed, and
+		// another attempt may run. A backend that failed for another
+		// reason (unreachable, broken) stays a *BackendError, even if ctx
+		// has ended since. The waiters behind it, whose own contexts may
+		// still run, claim again.
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, ErrInProgress) && errors.Is(err, cerr) {
+			err = fmt.Errorf("%w: %w", ErrInProgress, cerr)
+		}
 		e.err = err
-		if cerr := ctx.Err(); errors.Is(err, ErrInProgress) || (cerr != nil && errors.Is(err, cerr)) {
+		if errors.Is(err, ErrInProgress) {
 			e.err = errYield
 		}
 		s.table.release(e)

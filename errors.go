@@ -124,9 +124,8 @@ func (e *NotRecordedError) Error() string {
 func (e *NotRecordedError) Unwrap() error { return e.Err }
 
 // BackendError is returned when a Backend call fails: the backend is
-// unreachable, full or broken, gave an answer that breaks its contract, or
-// did not answer before the caller's ctx ended (the error then matches
-// ctx.Err() too). Op names the call ("claim", "get", "forget", "sweep",
+// unreachable, full or broken, or gave an answer that breaks its
+// contract. Op names the call ("claim", "get", "forget", "sweep",
 // "resolve", "list"); for "claim", fn did not run, and a claim that may
 // have landed unseen (its reply lost) is released as soon as the backend
 // answers again.

@@ -83,18 +83,23 @@ type Backend struct {
 	// oneSlot: every key lives on one node (not a Cluster), so a script may
 	// touch a record and the index together.
 	oneSlot bool
+	dials   *dialWatch // a hook on rdb: how its latest dial ended
 }
 
 var _ backend.Backend = (*Backend)(nil)
 
-// New returns a Backend over rdb. The caller keeps ownership of rdb.
+// New returns a Backend over rdb. The caller keeps ownership of rdb. New
+// adds a hook to rdb (AddHook) that watches its dials, so that a call can
+// tell an unreachable server from a slow one.
 func New(rdb redis.UniversalClient, opts Options) *Backend {
 	prefix := opts.Prefix
 	if prefix == "" {
 		prefix = "idem:"
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
-	return &Backend{rdb: rdb, prefix: prefix, index: prefix + "expiry", oneSlot: !cluster}
+	dials := new(dialWatch)
+	rdb.AddHook(dials)
+	return &Backend{rdb: rdb, prefix: prefix, index: prefix + "expiry", oneSlot: !cluster, dials: dials}
 }
 
 func (b *Backend) key(k string) string { return b.prefix + "k:" + k }
@@ -333,7 +338,7 @@ return 1`)
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
 	// A ctx that had ended is refused (bound): nothing is sent, so the
 	// Store need not read the claim back.
-	f, err := bound(ctx, func(ctx context.Context) (found, error) {
+	f, err := bound(ctx, b.dials, func(ctx context.Context) (found, error) {
 		rec, won, err := b.claim(ctx, rec, lease)
 		return found{rec, won}, err
 	})
@@ -379,7 +384,7 @@ func decodeSeen(key string, reply any) (backend.Record, error) {
 // record keeps the fingerprint it was claimed with, which the script copies
 // into the encoding sent here, whatever rec.Fingerprint holds.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
-	return bound0(ctx, func(ctx context.Context) error { return b.complete(ctx, rec, ttl) })
+	return bound0(ctx, b.dials, func(ctx context.Context) error { return b.complete(ctx, rec, ttl) })
 }
 
 func (b *Backend) complete(ctx context.Context, rec backend.Record, ttl time.Duration) error {
@@ -415,7 +420,7 @@ func (b *Backend) complete(ctx context.Context, rec backend.Record, ttl time.Dur
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	return bound0(ctx, func(ctx context.Context) error {
+	return bound0(ctx, b.dials, func(ctx context.Context) error {
 		n, err := releaseScript.Run(ctx, b.rdb, []string{b.key(key)}, token).Int64()
 		return backend.Owned(n, err, key)
 	})
@@ -423,7 +428,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
-	return bound0(ctx, func(ctx context.Context) error {
+	return bound0(ctx, b.dials, func(ctx context.Context) error {
 		n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, millis(lease)).Int64()
 		return backend.Owned(n, err, key)
 	})
@@ -431,7 +436,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lea
 
 // Get returns key's record as the server's clock sees it.
 func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
-	f, err := bound(ctx, func(ctx context.Context) (found, error) {
+	f, err := bound(ctx, b.dials, func(ctx context.Context) (found, error) {
 		rec, ok, err := b.get(ctx, key)
 		return found{rec, ok}, err
 	})
@@ -452,7 +457,7 @@ func (b *Backend) get(ctx context.Context, key string) (backend.Record, bool, er
 
 // Forget judges the lease by the server's clock.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
-	return bound0(ctx, func(ctx context.Context) error { return b.forget(ctx, key) })
+	return bound0(ctx, b.dials, func(ctx context.Context) error { return b.forget(ctx, key) })
 }
 
 func (b *Backend) forget(ctx context.Context, key string) error {
@@ -475,7 +480,7 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 	if limit <= 0 {
 		return 0, nil // a ZRANGE Count of 0 or less would mean no limit
 	}
-	return bound(ctx, func(ctx context.Context) (int, error) { return b.sweep(ctx, limit) })
+	return bound(ctx, b.dials, func(ctx context.Context) (int, error) { return b.sweep(ctx, limit) })
 }
 
 func (b *Backend) sweep(ctx context.Context, limit int) (int, error) {

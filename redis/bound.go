@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/seed094d4201/idem/backend"
 )
@@ -22,7 +23,11 @@ import (
 // and may still land: the Store settles that by the claim's token, as it
 // does a lost reply. Calls under a ctx that never ends run in the caller's
 // goroutine.
-func bound[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+//
+// A call whose ctx ends while the client's dials are being refused answers
+// the dial's error, not ctx's: the server is unreachable (dials, the
+// client's dialWatch).
+func bound[T any](ctx context.Context, dials *dialWatch, call func(context.Context) (T, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {
 		return zero, backend.Refuse(err)
@@ -30,6 +35,7 @@ func bound[T any](ctx context.Context, call func(context.Context) (T, error)) (T
 	if ctx.Done() == nil {
 		return call(ctx)
 	}
+	start := time.Now()
 	type answer struct {
 		v   T
 		err error
@@ -56,13 +62,16 @@ func bound[T any](ctx context.Context, call func(context.Context) (T, error)) (T
 			return a.v, a.err
 		default:
 		}
+		if err := dials.failedSince(start); err != nil {
+			return zero, fmt.Errorf("redis: unreachable: %w", err)
+		}
 		return zero, fmt.Errorf("redis: no answer before ctx ended: %w", ctx.Err())
 	}
 }
 
 // bound0 is bound for a call that returns only an error.
-func bound0(ctx context.Context, call func(context.Context) error) error {
-	_, err := bound(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, call(ctx) })
+func bound0(ctx context.Context, dials *dialWatch, call func(context.Context) error) error {
+	_, err := bound(ctx, dials, func(ctx context.Context) (struct{}, error) { return struct{}{}, call(ctx) })
 	return err
 }
 

@@ -65,7 +65,7 @@ return v`)
 // the owner itself (a Renew, a concurrent step) is read again. now is
 // ignored.
 func (b *Backend) RecordStep(ctx context.Context, key, token string, step backend.Step, _ time.Time) error {
-	return bound0(ctx, func(ctx context.Context) error { return b.recordStep(ctx, key, token, step) })
+	return bound0(ctx, b.dials, func(ctx context.Context) error { return b.recordStep(ctx, key, token, step) })
 }
 
 func (b *Backend) recordStep(ctx context.Context, key, token string, step backend.Step) error {
@@ -130,7 +130,7 @@ func readReply(key string, reply any) (string, time.Time, error) {
 // Resume takes over key's interrupted record held by old, with a lease
 // after the server's now; now is ignored.
 func (b *Backend) Resume(ctx context.Context, key, old, token string, _ time.Time, lease time.Duration) (backend.Record, error) {
-	return bound(ctx, func(ctx context.Context) (backend.Record, error) { return b.resume(ctx, key, old, token, lease) })
+	return bound(ctx, b.dials, func(ctx context.Context) (backend.Record, error) { return b.resume(ctx, key, old, token, lease) })
 }
 
 func (b *Backend) resume(ctx context.Context, key, old, token string, lease time.Duration) (backend.Record, error) {

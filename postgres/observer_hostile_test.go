@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/postgres"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestHostileRunOnceTxReplayCountedAsExecuted(t *testing.T) {
 	dsn := os.Getenv("IDEM_POSTGRES_DSN")
 	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN")
+		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set")
 	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)

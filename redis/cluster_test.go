@@ -16,19 +16,20 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // testClusterClient connects to the Redis Cluster IDEM_REDIS_CLUSTER_ADDRS
 // names (its nodes' host:port, comma-separated), or skips the test when it
-// is not set. The client is a *redis.ClusterClient, as
+// is not set (fails it, in CI). The client is a *redis.ClusterClient, as
 // redis.NewUniversalClient makes for a Cluster.
 func testClusterClient(t testing.TB) redis.UniversalClient {
 	t.Helper()
 	addrs := os.Getenv("IDEM_REDIS_CLUSTER_ADDRS")
 	if addrs == "" {
-		t.Skip("IDEM_REDIS_CLUSTER_ADDRS is not set: set it (e.g. 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103; .ci/redis-cluster starts one) to run the Redis Cluster tests")
+		svctest.Skipf(t, "IDEM_REDIS_CLUSTER_ADDRS is not set: set it (e.g. 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103; .ci/redis-cluster starts one) to run the Redis Cluster tests")
 	}
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(addrs, ","), IsClusterMode: true})
 	t.Cleanup(func() { rdb.Close() })

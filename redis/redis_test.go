@@ -10,16 +10,17 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/require"
 )
 
 // testClient connects to the Redis IDEM_REDIS_ADDR names, or skips the test
-// when it is not set.
+// when it is not set (fails it, in CI).
 func testClient(t testing.TB) redis.UniversalClient {
 	t.Helper()
 	addr := os.Getenv("IDEM_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to run the Redis tests")
+		svctest.Skipf(t, "IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to run the Redis tests")
 	}
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}})
 	require.NoError(t, rdb.Ping(context.Background()).Err())

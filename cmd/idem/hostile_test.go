@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/postgres"
 )
 
@@ -182,7 +183,7 @@ func TestHostileHangingServersAndPasswords(t *testing.T) {
 func TestHostileResolveLiveKeyUnderSkew(t *testing.T) {
 	dsn := os.Getenv("IDEM_POSTGRES_DSN")
 	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN")
+		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set")
 	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)

@@ -18,7 +18,11 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var now = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+// now is the commands' clock in these tests. It is read from the real
+// clock, not pinned to a date: what the commands record (a resolved key's
+// TTL, say) is later judged by stores and servers on the real clock, which
+// must not find it expired. Whole seconds keep the printed ages exact.
+var now = time.Now().UTC().Truncate(time.Second)
 
 // fixture writes a database with a completed key, a final error, an expired
 // key and an interrupted one, and returns its path.

@@ -13,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 	"github.com/seed094d4201/idem/sqlite"
@@ -56,7 +57,7 @@ func TestSharedBackends(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.where == "" || tc.where == "redis://" {
-				t.Skipf("the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_REDIS_ADDR)", tc.name)
+				svctest.Skipf(t, "the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_REDIS_ADDR)", tc.name)
 			}
 			b := tc.backend(t)
 			claimAt := time.Now()
@@ -118,7 +119,7 @@ func TestSharedHints(t *testing.T) {
 	ctx := context.Background()
 	dsn := os.Getenv("IDEM_POSTGRES_DSN")
 	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN is not set")
+		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set")
 	}
 	code, _, errs := runCmd("inspect", dsn, "-name", "idem_no_such_table")
 	assert.Equal(t, 1, code)

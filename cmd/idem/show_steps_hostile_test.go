@@ -22,7 +22,7 @@ func TestHostileShowBinarySteps(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "steps.bolt")
 	b, err := bolt.Open(path, nil)
 	require.NoError(t, err)
-	at := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	at := now.Add(-3 * time.Hour)
 	claim, _, err := b.Claim(ctx, backend.Record{Key: "k", Token: "t"}, at, time.Hour)
 	require.NoError(t, err)
 	bin := []byte{0x00, 0xff, 0x1b, '[', '2', 'J', 0xfe}

@@ -56,7 +56,8 @@ func TestSQLiteReadOnly(t *testing.T) {
 func TestShowListsSteps(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	at := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	at := now.Add(-3 * time.Hour) // whole seconds, UTC: printed as RFC 3339 without a fraction
+	first, second := at.Add(time.Second).Format(time.RFC3339), at.Add(2*time.Second).Format(time.RFC3339)
 	for _, tc := range []struct {
 		name, where string
 		open        func(t *testing.T) (backend.Stepper, func())
@@ -85,11 +86,11 @@ func TestShowListsSteps(t *testing.T) {
 			code, out, errs := runCmd("show", tc.where, "order-101")
 			require.Equal(t, 0, code, errs)
 			assert.Contains(t, out, "steps:\n"+
-				"  1. \"create-order\" at 2026-11-30T09:00:01Z: \"{\\\"id\\\":7}\"\n"+
-				"  2. \"charge\" at 2026-11-30T09:00:02Z: final error \"card declined\"\n")
+				"  1. \"create-order\" at "+first+": \"{\\\"id\\\":7}\"\n"+
+				"  2. \"charge\" at "+second+": final error \"card declined\"\n")
 			code, out, errs = runCmd("show", tc.where, "order-101", "-json")
 			require.Equal(t, 0, code, errs)
-			assert.Contains(t, out, `"steps":[{"name":"create-order","at":"2026-11-30T09:00:01Z","value":"{\"id\":7}"},{"name":"charge","at":"2026-11-30T09:00:02Z","final_error":"card declined","value":""}]`)
+			assert.Contains(t, out, `"steps":[{"name":"create-order","at":"`+first+`","value":"{\"id\":7}"},{"name":"charge","at":"`+second+`","final_error":"card declined","value":""}]`)
 		})
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"golang.org/x/sync/errgroup"
@@ -264,7 +265,7 @@ func uniqueName(t *testing.T) string {
 func TestRedisLostReply(t *testing.T) {
 	addr := os.Getenv("IDEM_REDIS_ADDR")
 	if addr == "" {
-		t.Skip("IDEM_REDIS_ADDR is not set; set it to a Redis host:port (e.g. 127.0.0.1:6379) to run")
+		svctest.Skipf(t, "IDEM_REDIS_ADDR is not set; set it to a Redis host:port (e.g. 127.0.0.1:6379) to run")
 	}
 	ctx := context.Background()
 	direct := redis.NewClient(&redis.Options{Addr: addr})
@@ -286,13 +287,13 @@ func TestRedisLostReply(t *testing.T) {
 func TestPostgresLostReply(t *testing.T) {
 	dsn := os.Getenv("IDEM_POSTGRES_DSN")
 	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN is not set; set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run")
+		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set; set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run")
 	}
 	ctx := context.Background()
 	cfg, err := pgx.ParseConfig(dsn)
 	require.NoError(t, err)
 	if cfg.TLSConfig != nil {
-		t.Skip("IDEM_POSTGRES_DSN must use sslmode=disable so the proxy can see the SQL")
+		svctest.Skipf(t, "IDEM_POSTGRES_DSN must use sslmode=disable so the proxy can see the SQL")
 	}
 	direct, err := pgx.ConnectConfig(ctx, cfg.Copy())
 	require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -17,7 +18,7 @@ func testPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	dsn := os.Getenv("IDEM_POSTGRES_DSN")
 	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN is not set: the side effects are counted in PostgreSQL")
+		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set: the side effects are counted in PostgreSQL")
 	}
 	pool, err := pgxpool.New(context.Background(), dsn)
 	require.NoError(t, err)

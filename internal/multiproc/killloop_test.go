@@ -21,6 +21,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/bolt"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 	"github.com/stretchr/testify/require"
@@ -67,7 +68,7 @@ func TestKillLoop(t *testing.T) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		if os.Getenv("IDEM_POSTGRES_DSN") == "" {
-			t.Skip("IDEM_POSTGRES_DSN is not set: no PostgreSQL to run the kill loop against")
+			svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set: no PostgreSQL to run the kill loop against")
 		}
 		pool := testPool(t)
 		table := uniqueName("idem_kill_")
@@ -77,7 +78,7 @@ func TestKillLoop(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		addr := os.Getenv("IDEM_REDIS_ADDR")
 		if addr == "" {
-			t.Skip("IDEM_REDIS_ADDR is not set: no Redis to run the kill loop against")
+			svctest.Skipf(t, "IDEM_REDIS_ADDR is not set: no Redis to run the kill loop against")
 		}
 		prefix := uniqueName("idemkill:") + ":"
 		t.Cleanup(func() { deletePrefix(t, addr, prefix) })

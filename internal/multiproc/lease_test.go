@@ -13,6 +13,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,7 +27,7 @@ func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind,
 	for _, kind := range []string{"postgres", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
-				t.Skip("IDEM_REDIS_ADDR is not set")
+				svctest.Skipf(t, "IDEM_REDIS_ADDR is not set")
 			}
 			name := uniqueName("idemlease:") + ":"
 			if kind == "postgres" {

@@ -16,6 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 	"github.com/stretchr/testify/require"
@@ -174,10 +175,10 @@ func TestRaceAcrossProcesses(t *testing.T) {
 	for _, kind := range []string{"postgres", "redis", "redis-cluster"} {
 		t.Run(kind, func(t *testing.T) {
 			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
-				t.Skip("IDEM_REDIS_ADDR is not set")
+				svctest.Skipf(t, "IDEM_REDIS_ADDR is not set")
 			}
 			if kind == "redis-cluster" && os.Getenv("IDEM_REDIS_CLUSTER_ADDRS") == "" {
-				t.Skip("IDEM_REDIS_CLUSTER_ADDRS is not set: set it (.ci/redis-cluster starts a cluster) to race on a Redis Cluster")
+				svctest.Skipf(t, "IDEM_REDIS_CLUSTER_ADDRS is not set: set it (.ci/redis-cluster starts a cluster) to race on a Redis Cluster")
 			}
 			const processes, keys = 4, 2000
 			effects := effectsTable(t, pool)

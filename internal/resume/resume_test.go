@@ -21,6 +21,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 	"github.com/seed094d4201/idem/sqlite"
@@ -186,7 +187,7 @@ func place(t *testing.T, kind string) string {
 	case "redis":
 		addr := os.Getenv("IDEM_REDIS_ADDR")
 		if addr == "" {
-			t.Skip("IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to run the Redis tests")
+			svctest.Skipf(t, "IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to run the Redis tests")
 		}
 		prefix := "idem-resume-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
 		t.Cleanup(func() {
@@ -200,7 +201,7 @@ func place(t *testing.T, kind string) string {
 	}
 	dsn := os.Getenv("IDEM_POSTGRES_DSN")
 	if dsn == "" {
-		t.Skip("IDEM_POSTGRES_DSN is not set: set it (e.g. postgres://postgres@127.0.0.1:5432/test) to run the PostgreSQL tests")
+		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set: set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run the PostgreSQL tests")
 	}
 	table := "idem_resume_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	t.Cleanup(func() {

@@ -214,7 +214,7 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 		}
 		return nil
 	}}
-	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	s := durableStore(t, b, idem.Options{Now: clock.Now, TTL: time.Hour, SettleTimeout: 50 * time.Millisecond})
 	calls, fn := countingFn(order{7, 7})
 	ctx := context.Background()
@@ -248,7 +248,7 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 
 func TestBackendSweep(t *testing.T) {
 	b := idemtest.NewMemoryBackend()
-	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	s := durableStore(t, b, idem.Options{TTL: time.Minute, Now: clock.Now, SweepInterval: -1})
 	_, fn := countingFn(order{})
 	for i := range 2500 {
@@ -346,7 +346,7 @@ func TestWaitsForAnotherStore(t *testing.T) {
 // interrupted, and RetryInterrupted takes it over.
 func TestLapsedLeaseIsInterrupted(t *testing.T) {
 	b := idemtest.NewMemoryBackend()
-	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	ctx := context.Background()
 	dead := backend.Record{Key: "k", Fingerprint: mustFingerprint(t, "p"), Token: "dead"}
 	_, _, err := b.Claim(ctx, dead, clock.Now(), 30*time.Second)

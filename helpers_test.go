@@ -20,7 +20,7 @@ type fakeClock struct {
 }
 
 func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)}
+	return &fakeClock{now: time.Now().UTC().Truncate(time.Second)}
 }
 
 func (c *fakeClock) Now() time.Time {

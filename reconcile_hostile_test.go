@@ -383,7 +383,7 @@ type rvClock struct {
 	now time.Time
 }
 
-func newFakeClock() *rvClock { return &rvClock{now: time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)} }
+func newFakeClock() *rvClock { return &rvClock{now: time.Now().UTC().Truncate(time.Second)} }
 func (c *rvClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()

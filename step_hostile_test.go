@@ -190,7 +190,7 @@ func TestHostileStepCodecPanicDoesNotEscape(t *testing.T) {
 func TestHostileResumeAfterErrorWithFakeClock(t *testing.T) {
 	for _, tc := range hsBackends {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+			clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 			s := hsStore[string](t, idem.Options{Backend: tc.b(t), Resume: true, Now: clock.Now})
 			hsAtRecoveryPoint(t, s, "k", "p")
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -286,7 +286,7 @@ func TestHostileResumeOtherPayloadIsMismatch(t *testing.T) {
 // resumer's outcome stands.
 func TestHostileStaleOwnerAfterResume(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
-	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	opts := idem.Options{Backend: mem, Resume: true, Now: clock.Now, Lease: time.Hour}
 	stale := hsStore[string](t, opts)
 	fresh := hsStore[string](t, opts)
@@ -672,7 +672,7 @@ func TestHostileLostResumeReplyStrandsKeyForALease(t *testing.T) {
 func TestHostileRecoveryPointOutlivesTTLAndSweep(t *testing.T) {
 	for _, tc := range hsBackends {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+			clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 			s := hsStore[string](t, idem.Options{Backend: tc.b(t), Resume: true, Now: clock.Now, TTL: time.Hour, SweepInterval: -1})
 			hsAtRecoveryPoint(t, s, "k", "p")
 			clock.Advance(48 * time.Hour)
@@ -719,7 +719,7 @@ func TestHostileStepAfterOperationReturned(t *testing.T) {
 func TestHostileStepsGoWithExpiryAndForget(t *testing.T) {
 	for _, tc := range hsBackends {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+			clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 			s := hsStore[string](t, idem.Options{Backend: tc.b(t), Resume: true, Now: clock.Now, TTL: time.Hour, SweepInterval: -1})
 			run := func(v int) string {
 				got, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (string, error) {

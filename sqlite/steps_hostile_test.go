@@ -34,7 +34,7 @@ func hsStepOnce(t *testing.T, s *idem.Store[string], key string) {
 // for a key nobody holds until its ctx ends.
 func TestHostileSqliteResumeAfterErrorWithFakeClock(t *testing.T) {
 	b, _ := testBackend(t)
-	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	s := idem.New[string](idem.Options{Backend: b, Resume: true, Now: clock.Now})
 	defer s.Close()
 	hsStepOnce(t, s, "k")
@@ -136,7 +136,7 @@ func TestHostileSqliteConcurrentStepsAllRecorded(t *testing.T) {
 // key with a step, taken over after its TTL, runs the step afresh.
 func TestHostileSqliteStepsGoWithExpiry(t *testing.T) {
 	b, _ := testBackend(t)
-	clock := idemtest.NewClock(time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC))
+	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	s := idem.New[string](idem.Options{Backend: b, Resume: true, Now: clock.Now, TTL: time.Hour, SweepInterval: -1})
 	defer s.Close()
 	run := func(v int) string {

@@ -234,25 +234,27 @@ func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) 
 	}
 }
 
-// finishExited settles t after the user's code ended finish's goroutine
-// before the key was settled: in the Observer's "idem.record" span or in
-// the Codec, so before any outcome was written. A final outcome could not
-// be encoded: it is kept in memory as one the Backend could not record,
-// its claim held for as long as the store lives. Anything else is
-// released.
+// finishExited settles t after finish's goroutine ended before the key
+// was settled. With t's lease not yet taken by finishDurable, that was the
+// user's code (the Observer's "idem.record" span, the Codec), before any
+// outcome was written: a final outcome could not be encoded, so it is kept
+// in memory as one the Backend could not record, its claim held for as
+// long as the store lives; anything else is released. Otherwise (no
+// Backend, or a panic out of the Backend's write) the entry is settled as
+// the work ended.
 func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
-	if t.stopLease == nil { // not yet given to finishDurable's writes
+	stopLease := t.takeLease()
+	switch {
+	case stopLease == nil:
 		s.settleEntry(t, val, err, final, false)
-		return
-	}
-	if !final {
-		t.stopLease()
+	case !final:
+		stopLease()
 		s.releaseOrLater(context.WithoutCancel(t.ctx), t.claim.Key, t.claim.Token)
 		s.settleEntry(t, val, err, false, false)
-		return
+	default:
+		s.holdLease(stopLease)
+		s.settleEntry(t, val, errors.Join(err, &NotRecordedError{Err: errExited}), true, true)
 	}
-	s.holdLease(t.stopLease)
-	s.settleEntry(t, val, errors.Join(err, &NotRecordedError{Err: errExited}), true, true)
 }
 
 // ownerOutcome is how the call that owned the key ended: a replay that a

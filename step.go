@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/seed094d4201/idem/backend"
@@ -27,7 +28,7 @@ type operation struct {
 	steps    map[string]backend.Step // guarded by mu; recorded, or resumed with the claim
 	done     map[string]*stepCall    // guarded by mu; this run's steps, finished or running
 	recorded bool                    // guarded by mu; whether the claim holds a step
-	ended    bool                    // guarded by mu; set as the operation is settled: no step starts after
+	ended    atomic.Bool             // set as the operation is settled: no step starts after
 	// record records a step durably under the claim, fenced by its token;
 	// nil when steps are not recorded (no Stepper, or Options.Resume off).
 	record func(ctx context.Context, s backend.Step) error
@@ -64,11 +65,7 @@ func (f *stepFrame) within(op *operation, name string) bool {
 
 // end marks op as settled: a Step called after it (from a goroutine fn
 // left running) must not run, since the key may already be another run's.
-func (op *operation) end() {
-	op.mu.Lock()
-	op.ended = true
-	op.mu.Unlock()
-}
+func (op *operation) end() { op.ended.Store(true) }
 
 // withOperation returns ctx carrying a new operation for key.
 func (s *Store[R]) withOperation(ctx context.Context, key string) (context.Context, *operation) {
@@ -155,11 +152,10 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	case frame.within(op, name):
 		return zero, fmt.Errorf("idem: step %q called from inside itself", name)
 	}
-	op.mu.Lock()
-	if op.ended {
-		op.mu.Unlock()
+	if op.ended.Load() {
 		return zero, errOperationEnded
 	}
+	op.mu.Lock()
 	if c, ok := op.done[name]; ok { // this run's: wait for it, for as long as the operation runs
 		op.mu.Unlock()
 		select {

@@ -264,6 +264,11 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	bctx, cancel := context.WithTimeout(ctx, g.opts.Wait)
 	defer cancel()
 	t, err := g.store.Begin(bctx, storeKey, fp[:])
+	if err != nil && !errors.Is(err, idem.ErrInProgress) && bctx.Err() != nil && errors.Is(err, bctx.Err()) {
+		// The wait bound ran out before the claim was even tried (a loaded
+		// server): as for any wait that ran out, retry later.
+		err = fmt.Errorf("%w: %w", idem.ErrInProgress, err)
+	}
 	if err != nil {
 		g.answer(w, req, next, Response{}, err, logKey{g, scope, key})
 		return

@@ -438,3 +438,21 @@ func TestEmptyScopeCannotReachOthers(t *testing.T) {
 	assert.Empty(t, anon.Header.Get(idemhttp.ReplayedHeader))
 	assert.Equal(t, int32(2), h.n.Load())
 }
+
+// A wait bound that runs out before the claim is even tried (a loaded
+// server, a bound of a nanosecond) answers 409 with Retry-After, as any
+// wait that ran out does, not 503: TestConcurrentRequestsOneKey's short
+// bound hung in CI when one duplicate got 503.
+func TestWaitBoundOutBeforeTheClaimIs409(t *testing.T) {
+	h := &charges{}
+	srv := httptest.NewServer(idemhttp.Middleware(newStore(t, idem.Options{}), idemhttp.Options{Wait: time.Nanosecond})(h))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"order":101}`))
+	req.Header.Set(idemhttp.Header, "k")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+	assert.Zero(t, h.n.Load())
+}

@@ -52,7 +52,6 @@ func (h *exitOnScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-
 // Store-level: the Goexit in the hook during Complete makes RunOnce
 // answer a plain success, with no *NotRecordedError, while the record is
 // still pending: the store stopped renewing its lease and dropped the

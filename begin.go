@@ -40,7 +40,7 @@ func (s *Store[R]) claimExited(t *Ticket[R]) {
 		s.finish(t, zero, errGoexit)
 		return
 	case t.claim != nil: // a durable claim, not yet renewed
-		s.releaseOrLater(context.WithoutCancel(t.ctx), t.claim.Key, t.claim.Token)
+		_ = s.letGo(context.WithoutCancel(t.ctx), *t.claim, t.op)
 	}
 	if t.cancel != nil {
 		t.cancel()
@@ -236,12 +236,12 @@ func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) 
 
 // finishExited settles t after finish's goroutine ended before the key
 // was settled. With t's lease not yet taken by finishDurable, that was the
-// user's code (the Observer's "idem.record" span, the Codec), before any
-// outcome was written: a final outcome could not be encoded, so it is kept
-// in memory as one the Backend could not record, its claim held for as
-// long as the store lives; anything else is released. Otherwise (no
-// Backend, or a panic out of the Backend's write) the entry is settled as
-// the work ended.
+// user's code (the Observer's "idem.record" span, the Codec) or the
+// Backend's Complete: a final outcome is kept in memory as one the Backend
+// could not record, its claim held for as long as the store lives (a
+// renewal that finds it recorded after all ends that); anything else lets
+// the claim go, as a failure before commit does. Otherwise (no Backend, or
+// the Backend's Release) the entry is settled as the work ended.
 func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
 	stopLease := t.takeLease()
 	switch {
@@ -249,7 +249,7 @@ func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
 		s.settleEntry(t, val, err, final, false)
 	case !final:
 		stopLease()
-		s.releaseOrLater(context.WithoutCancel(t.ctx), t.claim.Key, t.claim.Token)
+		_ = s.letGo(context.WithoutCancel(t.ctx), *t.claim, t.op)
 		s.settleEntry(t, val, err, false, false)
 	default:
 		s.holdLease(stopLease)

@@ -298,26 +298,18 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 		// Renewals end first, so that none can land after the claim's
 		// lease was made to lapse.
 		t.takeLease()()
-		if s.opts.Resume && t.op.hasSteps() {
-			// Not released: the key stays at its recovery point, its steps
-			// recorded, and the next call resumes from there. Its lease is
-			// made to lapse now, so that call need not wait it out; if that
-			// fails, it lapses on its own.
-			s.lapse(record, claim)
-			return val, err, false
-		}
-		if rerr := s.releaseOrLater(record, claim.Key, claim.Token); rerr != nil {
+		if rerr := s.letGo(record, claim, t.op); rerr != nil {
 			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), false
 		}
 		return val, err, false
 	}
 	done := claim
 	rerr := s.Encode(&done, val, err) // the Codec: the user's code
-	stopLease := t.takeLease()
 	encoded := rerr == nil
 	if encoded {
-		rerr = s.complete(record, done)
+		rerr = s.complete(record, done) // the Backend, which may Goexit too: t keeps the lease till then
 	}
+	stopLease := t.takeLease()
 	if rerr == nil {
 		stopLease()
 		return val, err, false
@@ -338,6 +330,20 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 		s.holdLease(stopLease)
 	}
 	return val, errors.Join(err, &NotRecordedError{Err: rerr}), true
+}
+
+// letGo gives up claim after a failure before commit: it is released, or,
+// with Resume and a recorded step (this run's, or resumed with the claim),
+// kept at its recovery point, its steps recorded, for the next call to
+// resume; its lease is then made to lapse now, so that call need not wait
+// it out (if that fails, it lapses on its own). The claim's renewals must
+// have ended.
+func (s *Store[R]) letGo(ctx context.Context, claim backend.Record, op *operation) error {
+	if s.opts.Resume && (len(claim.Steps) > 0 || op.hasSteps()) {
+		s.lapse(ctx, claim)
+		return nil
+	}
+	return s.releaseOrLater(ctx, claim.Key, claim.Token)
 }
 
 // takeLease returns t's stopLease, which its caller must call, and leaves

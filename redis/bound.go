@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -43,15 +44,20 @@ func bound[T any](ctx context.Context, dials *dialWatch, call func(context.Conte
 	answered := make(chan answer, 1) // the goroutine never blocks on a caller that left
 	go func() {
 		var a answer
+		returned := false
 		defer func() {
 			// No caller may be left to take a panic (a client's hook, say)
-			// from this goroutine: it would end the process.
+			// from this goroutine: it would end the process. A hook that
+			// ended the goroutine (runtime.Goexit) gave no answer either.
 			if p := recover(); p != nil {
 				a = answer{err: fmt.Errorf("redis: panic in the client: %v", p)}
+			} else if !returned {
+				a = answer{err: errClientExited}
 			}
 			answered <- a
 		}()
 		a.v, a.err = call(ctx)
+		returned = true
 	}()
 	select {
 	case a := <-answered:
@@ -68,6 +74,10 @@ func bound[T any](ctx context.Context, dials *dialWatch, call func(context.Conte
 		return zero, fmt.Errorf("redis: no answer before ctx ended: %w", ctx.Err())
 	}
 }
+
+// errClientExited is a call's error when the client ended the goroutine
+// that made it (runtime.Goexit in a hook) before it answered.
+var errClientExited = errors.New("redis: the client ended its goroutine (runtime.Goexit) before answering")
 
 // bound0 is bound for a call that returns only an error.
 func bound0(ctx context.Context, dials *dialWatch, call func(context.Context) error) error {

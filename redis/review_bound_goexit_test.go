@@ -22,7 +22,7 @@ func TestReviewBoundGoexitIsNotSuccess(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- bound0(ctx, func(context.Context) error { runtime.Goexit(); return nil })
+		done <- bound0(ctx, new(dialWatch), func(context.Context) error { runtime.Goexit(); return nil })
 	}()
 	select {
 	case err := <-done:

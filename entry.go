@@ -42,7 +42,6 @@ type expiryList[R any] struct {
 
 // insert puts e, whose expires is set, in its place in l, looking at most
 // walk entries back from the tail, and reports whether it found it there.
-// A negative walk means no limit.
 func (l *expiryList[R]) insert(e *entry[R], walk int) bool {
 	p := l.tail
 	for ; p != nil && e.expires.Before(p.expires); p = p.prev {

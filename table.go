@@ -45,7 +45,8 @@ type shard[R any] struct {
 	closed  bool                 // guarded by mu; no claims once set
 	entries map[string]*entry[R] // guarded by mu
 	// runs holds the completed entries, each run in expiry order; one
-	// unless the clock stepped back. Guarded by mu.
+	// unless the clock stepped back, each step back within a TTL adding
+	// one. Guarded by mu.
 	runs []*expiryList[R]
 	_    [64]byte // keep neighbouring shards' locks off one cache line
 }
@@ -131,25 +132,23 @@ func (t *table[R]) complete(e *entry[R], expires time.Time) {
 	t.running.Done()
 }
 
-// Bounds on the expiry runs: how far back from a run's tail a completion
-// that raced another is looked for, and how many runs a shard keeps before
-// it pays for a longer look instead (a clock that keeps stepping back).
+// Bounds on the cost of placing a completion among the expiry runs: how
+// far back from a run's tail it is looked for (two executions that read
+// the clock in one order and took the lock in the other), and in how many
+// of the newest runs, before it starts a run of its own.
 const (
-	runWalk = 8
-	maxRuns = 8
+	runWalk   = 8
+	runsTried = 8
 )
 
-// addToRuns puts the completed entry e on sh's last run, or on a new one
-// when e expires before that run's recent entries: the clock stepped back.
-// The caller holds sh.mu.
+// addToRuns puts the completed entry e in its place on one of sh's newest
+// runs, or on a new run when it expires before the recent entries of each
+// (the clock stepped back): placing a completion costs at most
+// runsTried*runWalk steps, whatever the clock does. A run empties as its
+// entries expire, and a sweep drops it. The caller holds sh.mu.
 func (sh *shard[R]) addToRuns(e *entry[R]) {
-	if n := len(sh.runs); n > 0 {
-		last := sh.runs[n-1]
-		if last.insert(e, runWalk) {
-			return
-		}
-		if n == maxRuns {
-			last.insert(e, -1)
+	for i := len(sh.runs) - 1; i >= max(0, len(sh.runs)-runsTried); i-- {
+		if sh.runs[i].insert(e, runWalk) {
 			return
 		}
 	}

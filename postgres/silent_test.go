@@ -2,13 +2,12 @@ package postgres
 
 import (
 	"context"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/faulttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -19,30 +18,7 @@ import (
 // claim's read-back running under SettleTimeout in the caller's
 // goroutine). Needs no database: the server is a silent listener.
 func TestStoreOverSilentServer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn // held open, unanswered, until the test ends
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+ln.Addr().String()+"/test?sslmode=disable")
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+faulttest.SilentServer(t)+"/test?sslmode=disable")
 	require.NoError(t, err) // connections are made lazily
 	t.Cleanup(pool.Close)
 	b, err := New(context.Background(), pool, Options{NoMigrate: true})

@@ -11,42 +11,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/faulttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// silentServer listens on 127.0.0.1, accepts every connection and never
-// answers: a Redis that hangs. It is closed on t.Cleanup.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn // guarded by mu; held open until cleanup
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
+// silentServer is a Redis that hangs: it accepts every connection and
+// never answers.
+func silentServer(t *testing.T) string { return faulttest.SilentServer(t) }
 
 // refusedAddr returns an address on 127.0.0.1 that refuses connections:
 // one that was listened on and closed.

@@ -61,18 +61,28 @@ func bound[T any](ctx context.Context, dials *dialWatch, call func(context.Conte
 	}()
 	select {
 	case a := <-answered:
-		return a.v, a.err
+		return a.v, unreachable(ctx, dials, start, a.err)
 	case <-ctx.Done():
 		select {
 		case a := <-answered: // an answer that came with the end is kept
-			return a.v, a.err
+			return a.v, unreachable(ctx, dials, start, a.err)
 		default:
 		}
-		if err := dials.failedSince(start); err != nil {
-			return zero, fmt.Errorf("redis: unreachable: %w", err)
-		}
-		return zero, fmt.Errorf("redis: no answer before ctx ended: %w", ctx.Err())
+		return zero, unreachable(ctx, dials, start, fmt.Errorf("redis: no answer before ctx ended: %w", ctx.Err()))
 	}
+}
+
+// unreachable returns err, or, when err is only ctx's end (go-redis's
+// own, or bound's) and the client's dials were refused meanwhile, the
+// dial's error: the server is unreachable.
+func unreachable(ctx context.Context, dials *dialWatch, start time.Time, err error) error {
+	if cerr := ctx.Err(); err == nil || cerr == nil || !errors.Is(err, cerr) {
+		return err
+	}
+	if derr := dials.failedSince(start); derr != nil {
+		return fmt.Errorf("redis: unreachable: %w", derr)
+	}
+	return err
 }
 
 // errClientExited is a call's error when the client ended the goroutine

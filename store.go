@@ -181,7 +181,10 @@ const backendSweepBatch = 1000
 // batches, until none are left or stop returns an error.
 func (s *Store[R]) sweep(ctx context.Context, stop func() error) (n int, err error) {
 	if o := s.opts.Observer; o != nil && o.Sweep != nil {
-		defer func() { o.Sweep(ctx, n, err) }()
+		defer func() {
+			defer s.recoverObserver("Sweep")
+			o.Sweep(ctx, n, err)
+		}()
 	}
 	return s.sweepAll(ctx, stop)
 }

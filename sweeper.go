@@ -12,13 +12,25 @@ var errStopped = errors.New("idem: sweeper stopped")
 // sweepLoop removes expired outcomes every interval until Close. It is
 // supervised: a panic inside one sweep is recovered and logged, and the next
 // tick sweeps again.
+//
+// A sweep that ends the goroutine (runtime.Goexit in the Observer's Sweep,
+// as t.FailNow does) cannot be recovered: the loop starts again on a new
+// goroutine, so that expired outcomes are still swept.
 func (s *Store[R]) sweepLoop(interval time.Duration) {
-	defer close(s.swept)
 	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
+	stopped := false
+	defer func() {
+		ticker.Stop()
+		if stopped {
+			close(s.swept)
+			return
+		}
+		go s.sweepLoop(interval)
+	}()
 	for {
 		select {
 		case <-s.stop:
+			stopped = true
 			return
 		case <-ticker.C:
 			s.sweepOnce()

@@ -143,7 +143,7 @@ func TestBeginLocalReplaysWhenMemoryIsFull(t *testing.T) {
 // with no Backend and no ExecutionTimeout: the work's goroutines stop
 // (issue 18).
 func TestTicketContextEndsWithTheTicket(t *testing.T) {
-	s := newMemStore[int](t)
+	s := hsStore[int](t, idem.Options{})
 	for _, end := range []string{"Finish", "Release"} {
 		tk, err := s.Begin(context.Background(), "k-"+end, "p")
 		require.NoError(t, err)
@@ -161,11 +161,4 @@ func TestTicketContextEndsWithTheTicket(t *testing.T) {
 		}
 		assert.True(t, errors.Is(ctx.Err(), context.Canceled))
 	}
-}
-
-func newMemStore[R any](t *testing.T) *idem.Store[R] {
-	t.Helper()
-	s := idem.New[R](idem.Options{})
-	t.Cleanup(func() { _ = s.Close() })
-	return s
 }

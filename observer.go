@@ -121,7 +121,7 @@ func isBackendError(err error) bool {
 
 // span starts a span for phase if the Observer wants them; end is never
 // nil, and neither it nor the start lets a panic through.
-func (s *Store[R]) span(ctx context.Context, phase, key string) (_ context.Context, end func(error)) {
+func (s *Store[R]) span(ctx context.Context, phase, key string) (sctx context.Context, end func(error)) {
 	o := s.opts.Observer
 	if o == nil || o.Span == nil {
 		return ctx, noEnd
@@ -129,7 +129,7 @@ func (s *Store[R]) span(ctx context.Context, phase, key string) (_ context.Conte
 	defer func() {
 		if v := recover(); v != nil {
 			s.opts.Logger.Error("idem: the Observer's Span panicked; ignored", "panic", v)
-			end = noEnd
+			sctx, end = ctx, noEnd // the phase runs under ctx, as without a span
 		}
 	}()
 	sctx, sEnd := o.Span(ctx, phase, key)

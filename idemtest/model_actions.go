@@ -1,0 +1,296 @@
+package idemtest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"pgregory.net/rapid"
+)
+
+// modelKeys is how many keys a sequence uses: few, so that its calls meet.
+const modelKeys = 2
+
+// actions returns the state machine's actions; "" is the invariant rapid
+// checks after each.
+func (w *world) actions() map[string]func(*rapid.T) {
+	a := map[string]func(*rapid.T){
+		"":          w.invariant,
+		"run":       w.actRun,
+		"begin":     w.actBegin,
+		"duplicate": w.actDuplicate,
+		"mismatch":  w.actMismatch,
+		"unblock":   w.actUnblock,
+		"collect":   w.actCollect,
+		"forget":    w.actForget,
+		"sweep":     w.actSweep,
+		"clock":     w.actClock,
+		"sleep":     w.actSleep,
+		"misbehave": w.actMisbehave,
+		"quiesce":   func(*rapid.T) { w.quiesce(false) },
+	}
+	if w.b != nil {
+		a["resolve"] = w.actResolve
+		a["records"] = w.actRecords
+		a["fault"] = w.actFault
+		a["heal"] = w.actHeal
+		a["kill"] = w.actKill
+		a["restart"] = w.actRestart
+		a["crash"] = w.actCrash
+	}
+	return a
+}
+
+// invariant fails the sequence on any violation of the history.
+func (w *world) invariant(rt *rapid.T) {
+	if v := w.hist.judge(); len(v) > 0 {
+		rt.Fatalf("%s\n\nhistory:\n%s", v[0], w.hist.trace())
+	}
+}
+
+func (w *world) fail(rt *rapid.T, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	w.hist.note("VIOLATION: %s", msg)
+	rt.Fatalf("%s\n\nhistory:\n%s", msg, w.hist.trace())
+}
+
+func (w *world) drawStore(rt *rapid.T) *modelStore {
+	return w.stores[rapid.IntRange(0, len(w.stores)-1).Draw(rt, "store")]
+}
+
+func (w *world) drawKey(rt *rapid.T) string {
+	return w.key(rapid.IntRange(0, modelKeys-1).Draw(rt, "key"))
+}
+
+// drawPlan draws what an execution does. A blocked execution waits for
+// the driver; at most three wait at once.
+func (w *world) drawPlan(rt *rapid.T) plan {
+	ends := []string{"ok", "ok", "ok", "fail", "final", "panic", "goexit", "block"}
+	var p plan
+	if rapid.IntRange(0, 2).Draw(rt, "stepped") == 0 {
+		n := rapid.IntRange(1, 3).Draw(rt, "steps")
+		for i := 0; i < n; i++ {
+			p.steps = append(p.steps, rapid.SampledFrom([]string{"ok", "ok", "fail", "panic", "block"}).Draw(rt, "step"))
+		}
+	}
+	p.end = rapid.SampledFrom(ends).Draw(rt, "end")
+	w.mu.Lock()
+	full := len(w.gates) >= 3
+	w.mu.Unlock()
+	if full {
+		for i, s := range p.steps {
+			if s == "block" {
+				p.steps[i] = "ok"
+			}
+		}
+		if p.end == "block" {
+			p.end = "ok"
+		}
+	}
+	return p
+}
+
+func (p plan) blocks() bool {
+	for _, s := range p.steps {
+		if s == "block" {
+			return true
+		}
+	}
+	return p.end == "block"
+}
+
+// sync makes the call c and judges its answer.
+func (w *world) sync(rt *rapid.T, c *modelCall) {
+	w.hist.note("call %v", c)
+	done := make(chan struct{})
+	go func() { // the user's code inside the store may end the goroutine
+		defer close(done)
+		w.do(c)
+	}()
+	select {
+	case <-done:
+	case <-time.After(c.timeout + 4*modelSettle):
+		w.fail(rt, "%v never returned", c)
+	}
+	w.hist.note("  -> %v, %v (ran %v, took %v)", c.val, c.err, c.ran, c.took.Round(time.Millisecond))
+	if msg := w.check(c); msg != "" {
+		w.fail(rt, "%v: %s", c, msg)
+	}
+}
+
+func (w *world) actRun(rt *rapid.T) {
+	w.sync(rt, &modelCall{ms: w.drawStore(rt), via: "RunOnce", key: w.drawKey(rt), payload: "p", p: w.drawPlan(rt), timeout: modelCallCtx})
+}
+
+func (w *world) actMismatch(rt *rapid.T) {
+	w.sync(rt, &modelCall{ms: w.drawStore(rt), via: "RunOnce", key: w.drawKey(rt), payload: "q", p: w.drawPlan(rt), timeout: modelCallCtx})
+}
+
+// actBegin makes a call through Begin, ending the ticket with Finish,
+// Release or not at all; a call whose work blocks goes on a goroutine.
+func (w *world) actBegin(rt *rapid.T) {
+	end := rapid.SampledFrom([]string{"finish", "finish", "release", "drop"}).Draw(rt, "ticket")
+	c := &modelCall{ms: w.drawStore(rt), via: "Begin/" + end, key: w.drawKey(rt), payload: "p", p: w.drawPlan(rt), timeout: modelCallCtx}
+	if c.p.blocks() {
+		w.hist.note("call %v, on its own goroutine", c)
+		w.async(c)
+		return
+	}
+	w.sync(rt, c)
+}
+
+// actDuplicate starts a call on a goroutine, with a ctx that may end
+// before the key's execution does.
+func (w *world) actDuplicate(rt *rapid.T) {
+	via := rapid.SampledFrom([]string{"RunOnce", "Begin/finish"}).Draw(rt, "via")
+	timeout := time.Duration(rapid.IntRange(50, 800).Draw(rt, "ctx ms")) * time.Millisecond
+	c := &modelCall{ms: w.drawStore(rt), via: via, key: w.drawKey(rt), payload: "p", p: w.drawPlan(rt), timeout: timeout}
+	w.hist.note("call %v, on its own goroutine, ctx %v", c, timeout)
+	w.async(c)
+}
+
+// actUnblock lets one blocked execution end as it is told.
+func (w *world) actUnblock(rt *rapid.T) {
+	w.mu.Lock()
+	n := len(w.gates)
+	w.mu.Unlock()
+	if n == 0 {
+		rt.Skip("nothing blocked")
+	}
+	i := rapid.IntRange(0, n-1).Draw(rt, "gate")
+	how := rapid.SampledFrom([]string{"ok", "ok", "fail", "final", "panic"}).Draw(rt, "how")
+	w.mu.Lock()
+	g := w.gates[i]
+	w.gates = append(w.gates[:i], w.gates[i+1:]...)
+	w.mu.Unlock()
+	w.hist.note("unblock an execution of %s: %s", g.key, how)
+	g.release(how)
+}
+
+// actCollect judges the calls on their own goroutines that have ended.
+func (w *world) actCollect(rt *rapid.T) {
+	w.collect(rt, false)
+}
+
+// collect judges the ended calls on their own goroutines; with wait, it
+// waits for every one, each for a bounded time.
+func (w *world) collect(rt *rapid.T, wait bool) {
+	var left []*asyncCall
+	for _, a := range w.pending {
+		if wait {
+			select {
+			case <-a.done:
+			case <-time.After(a.c.timeout + 4*modelSettle):
+				w.fail(rt, "%v never returned", a.c)
+			}
+		}
+		select {
+		case <-a.done:
+			w.hist.note("collected %v -> %v, %v (ran %v, took %v)", a.c, a.c.val, a.c.err, a.c.ran, a.c.took.Round(time.Millisecond))
+			if msg := w.check(a.c); msg != "" {
+				w.fail(rt, "%v: %s", a.c, msg)
+			}
+		default:
+			left = append(left, a)
+		}
+	}
+	w.pending = left
+}
+
+// actForget forgets a key. The epoch ends if Forget says it did; calls
+// that start while it runs may see either.
+func (w *world) actForget(rt *rapid.T) {
+	ms, key := w.drawStore(rt), w.drawKey(rt)
+	p := w.hist.open(permit{why: "forget " + key, key: key, store: -1, resets: true})
+	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
+	defer cancel()
+	disturb0 := w.disturbed.Load()
+	err := ms.s.Forget(ctx, key)
+	w.hist.close(p, err == nil)
+	w.hist.note("forget %s in store %d -> %v", key, ms.id, err)
+	if err == nil {
+		w.mu.Lock()
+		delete(w.mayInterrupt, key)
+		w.mu.Unlock()
+	}
+	w.checkAdmin(rt, "Forget", err, disturb0, ms)
+}
+
+// checkAdmin judges the error of an operator's call: a backend error only
+// with a fault.
+func (w *world) checkAdmin(rt *rapid.T, op string, err error, disturb0 int64, ms *modelStore) {
+	if err == nil || w.disturbed.Load() != disturb0 || w.anyFault() || ms.killed {
+		return
+	}
+	if isAny(err, idem.ErrInProgress, idem.ErrNotInterrupted, idem.ErrFull) {
+		return
+	}
+	var be *idem.BackendError
+	if errorsAs(err, &be) {
+		w.fail(rt, "%s in store %d: a backend error with no fault: %v", op, ms.id, err)
+	}
+}
+
+func (w *world) actSweep(rt *rapid.T) {
+	ms := w.drawStore(rt)
+	disturb0 := w.disturbed.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
+	defer cancel()
+	n, err := ms.s.Sweep(ctx)
+	w.hist.note("sweep in store %d -> %d, %v", ms.id, n, err)
+	w.checkAdmin(rt, "Sweep", err, disturb0, ms)
+}
+
+// actClock steps the stores' clock forward or back past every TTL and
+// lease, or a little.
+func (w *world) actClock(rt *rapid.T) {
+	d := rapid.SampledFrom([]time.Duration{modelStep, -modelStep, -3*time.Hour - 20*time.Minute, modelLease / 2, -modelLease / 2}).Draw(rt, "step")
+	w.hist.note("clock steps %v", d)
+	w.clock.step(d)
+	w.disturb()
+	if d <= -modelLease && !(w.h.ServerClock && w.b != nil) {
+		w.steppedBack.Store(true)
+	}
+	if d < modelLease || w.h.ServerClock && w.b != nil {
+		return // nothing lapses or expires on the backend's clock
+	}
+	w.disturbAll()
+	// Every outcome expired; with RetryInterrupted or Resume, a lease
+	// that seemed to lapse lets another store take the key.
+	retake := w.opts.RetryInterrupted || w.opts.Resume
+	w.hist.point(permit{why: "the clock stepped past every TTL and lease", store: -1, valid: true, completed: !retake, resets: true})
+}
+
+func (w *world) actSleep(rt *rapid.T) {
+	w.hist.note("time passes: %v", modelLease*3/2)
+	time.Sleep(modelLease * 3 / 2)
+}
+
+// actMisbehave makes a store's Codec or Observer misbehave once.
+func (w *world) actMisbehave(rt *rapid.T) {
+	ms := w.drawStore(rt)
+	m := rapid.SampledFrom([]misbehaviour{misError, misPanic, misGoexit}).Draw(rt, "misbehaviour")
+	where := "observer"
+	if w.b != nil && rapid.Bool().Draw(rt, "codec") {
+		where = "codec"
+	}
+	if where == "observer" && m == misError {
+		m = misPanic
+	}
+	w.hist.note("store %d's %s will %v once", ms.id, where, m)
+	ms.u.mu.Lock()
+	if where == "codec" {
+		ms.u.marshal = m
+	} else {
+		ms.u.observer = m
+	}
+	ms.u.mu.Unlock()
+	w.disturbAll()
+	w.mu.Lock()
+	for i := 0; i < modelKeys; i++ {
+		w.panicked[w.key(i)] = w.panicked[w.key(i)] || m == misPanic
+		w.exited[w.key(i)] = w.exited[w.key(i)] || m == misGoexit
+	}
+	w.mu.Unlock()
+}

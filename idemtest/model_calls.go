@@ -1,0 +1,199 @@
+package idemtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/seed094d4201/idem"
+)
+
+// A modelCall is one call of a key, as the driver made it and as it ended.
+type modelCall struct {
+	ms       *modelStore
+	via      string // "RunOnce", or "Begin" and how the ticket ends: "finish", "release", "drop"
+	key      string
+	payload  string
+	p        plan
+	timeout  time.Duration
+	disturb0 int64 // the world's disturbance count when the call started
+
+	ran     bool // this call's fn ran (an execution of its own)
+	val     receipt
+	err     error
+	exited  bool // the call's goroutine ended with runtime.Goexit
+	took    time.Duration
+	bounded time.Duration // the part of took that ctx bounds
+}
+
+func (c *modelCall) String() string {
+	return fmt.Sprintf("%s(%s, payload %s) in store %d [%v]", c.via, c.key, c.payload, c.ms.id, c.p)
+}
+
+// An asyncCall is a call on a goroutine of its own, collected later.
+type asyncCall struct {
+	c    *modelCall
+	done chan struct{}
+}
+
+// do makes the call c on this goroutine and fills in how it ended. A
+// panic out of it (Begin's fn panics on up the caller's stack, as
+// documented) is how the call ended; a Goexit too.
+func (w *world) do(c *modelCall) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	c.disturb0 = w.disturbed.Load()
+	fn := w.fn(c.ms, c.key, c.payload, c.p)
+	ran := func(ctx context.Context) (receipt, error) {
+		c.ran = true
+		return fn(ctx)
+	}
+	start := time.Now()
+	returned := false
+	defer func() {
+		c.took = time.Since(start)
+		if c.bounded == 0 {
+			c.bounded = c.took
+		}
+		if v := recover(); v != nil {
+			c.err = fmt.Errorf("panicked: %v", v)
+			if _, ours := v.(string); !ours {
+				c.err = fmt.Errorf("panicked: %v\n%s", v, debug.Stack())
+			}
+			return
+		}
+		c.exited = !returned
+	}()
+	if c.via == "RunOnce" {
+		c.val, c.err = c.ms.s.RunOnce(ctx, c.key, c.payload, ran)
+		returned = true
+		return
+	}
+	tk, err := c.ms.s.Begin(ctx, c.key, c.payload)
+	c.bounded = time.Since(start)
+	if err != nil {
+		c.err, returned = err, true
+		return
+	}
+	if v, err, ok := tk.Replayed(); ok {
+		c.val, c.err, returned = v, err, true
+		return
+	}
+	switch strings.TrimPrefix(c.via, "Begin/") {
+	case "finish":
+		defer tk.Release()
+		v, err := ran(tk.Context())
+		c.val, c.err = tk.Finish(v, err)
+	case "release":
+		v, err := ran(tk.Context())
+		tk.Release()
+		w.hist.point(permit{why: "ticket released", key: c.key, store: -1, valid: true})
+		c.val, c.err = v, err
+	case "drop": // the ticket is garbage; its finalizer releases the key
+		v, err := ran(tk.Context())
+		w.hist.point(permit{why: "ticket dropped", key: c.key, store: -1, valid: true})
+		c.val, c.err = v, err
+	}
+	returned = true
+}
+
+// async makes the call c on a goroutine of its own.
+func (w *world) async(c *modelCall) {
+	a := &asyncCall{c: c, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		w.do(c)
+	}()
+	w.pending = append(w.pending, a)
+}
+
+// check judges how call c ended against what the model allows, and
+// returns what is wrong, if anything.
+func (w *world) check(c *modelCall) string {
+	disturbed := w.disturbed.Load() != c.disturb0 || w.anyFault() || c.ms.killed || c.ms.closed.Load()
+	if c.bounded > c.timeout+modelSlack {
+		return fmt.Sprintf("took %v, %v of it past the caller's %v ctx", c.took, c.bounded-c.timeout, c.timeout)
+	}
+	oks, finals, execs := w.hist.outcomes(c.key)
+	w.mu.Lock()
+	for v := range w.resolved[c.key] {
+		oks[v] = true
+	}
+	mayInterrupt, panicked, exited := w.mayInterrupt[c.key], w.panicked[c.key], w.exited[c.key]
+	w.mu.Unlock()
+	err := c.err
+	if c.exited {
+		if exited || disturbed {
+			return ""
+		}
+		return "the call's goroutine exited"
+	}
+	var nr *idem.NotRecordedError
+	var ee execError
+	var be *idem.BackendError
+	var pe *idem.PanicError
+	switch {
+	case err == nil || errors.As(err, &nr) && !errors.Is(err, idem.ErrClosed):
+		if err != nil && !disturbed {
+			return "an outcome not recorded with no fault: " + err.Error()
+		}
+		if c.ran && strings.HasPrefix(c.via, "Begin/") && c.via != "Begin/finish" {
+			return "" // the caller's own fn's answer, not the store's
+		}
+		if !oks[c.val.N] {
+			return fmt.Sprintf("succeeded with %d, which no execution of the key returned (successes %v)", c.val.N, oks)
+		}
+	case idem.IsFinal(err):
+		if !finals[err.Error()] {
+			return fmt.Sprintf("a final error no execution of the key returned: %v", err)
+		}
+	case errors.As(err, &ee):
+		if _, ok := execs[ee.id]; !ok {
+			return fmt.Sprintf("another key's error: %v", err)
+		}
+	case errors.Is(err, idem.ErrPayloadMismatch):
+		ps := w.hist.payloads(c.key)
+		delete(ps, c.payload)
+		if len(ps) == 0 {
+			return "ErrPayloadMismatch, but the key never ran with another payload"
+		}
+	case errors.Is(err, idem.ErrInProgress):
+		// Documented whenever the key may be busy; the quiescent
+		// checks catch a key left in flight for good.
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		if !mayInterrupt {
+			return "ErrOutcomeUnknown, but no owner of the key died or lost its claim"
+		}
+	case errors.Is(err, idem.ErrFull):
+		if w.opts.MaxKeys <= 0 {
+			return "ErrFull with no MaxKeys"
+		}
+	case errors.As(err, &pe):
+		if !panicked && !disturbed {
+			return fmt.Sprintf("a panic no execution of the key made: %v", pe.Value)
+		}
+	case errors.As(err, &be) || errors.Is(err, idem.ErrClosed):
+		if !disturbed {
+			return "a backend error with no fault: " + err.Error()
+		}
+	case strings.Contains(err.Error(), "Goexit") || strings.Contains(err.Error(), "exited its goroutine"):
+		if !exited && !disturbed {
+			return "a Goexit no execution made: " + err.Error()
+		}
+	case strings.HasPrefix(err.Error(), "panicked: "):
+		if !panicked && !disturbed {
+			return err.Error()
+		}
+	case strings.Contains(err.Error(), "released before it finished") || strings.Contains(err.Error(), "dropped without Finish"):
+		// a Begin owner released or dropped its ticket, and this call
+		// waited on it
+	default:
+		if !disturbed {
+			return "an error the model does not know: " + err.Error()
+		}
+	}
+	return ""
+}

@@ -1,0 +1,297 @@
+package idemtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"runtime"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"pgregory.net/rapid"
+)
+
+// The actions that need a backend: faults, the operator's calls, and
+// processes that die, restart or crash.
+
+func isAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// actResolve gives a key an outcome, as an operator does.
+func (w *world) actResolve(rt *rapid.T) {
+	ms, key := w.drawStore(rt), w.drawKey(rt)
+	v := -int(w.nextID.Add(1))
+	w.mu.Lock()
+	if w.resolved[key] == nil {
+		w.resolved[key] = map[int]bool{}
+	}
+	w.resolved[key][v] = true
+	w.mu.Unlock()
+	disturb0 := w.disturbed.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
+	defer cancel()
+	err := ms.s.Resolve(ctx, key, receipt{N: v}, nil)
+	w.hist.note("resolve %s in store %d with %d -> %v", key, ms.id, v, err)
+	w.checkAdmin(rt, "Resolve", err, disturb0, ms)
+}
+
+// actRecords lists the records, as an operator's tool does.
+func (w *world) actRecords(rt *rapid.T) {
+	ms := w.drawStore(rt)
+	disturb0 := w.disturbed.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
+	defer cancel()
+	n := 0
+	for _, err := range ms.s.Records(ctx) {
+		if err != nil {
+			w.hist.note("records in store %d -> %v", ms.id, err)
+			w.checkAdmin(rt, "Records", err, disturb0, ms)
+			return
+		}
+		n++
+	}
+	w.hist.note("records in store %d: %d", ms.id, n)
+}
+
+// actFault plans a backend fault for a store: one call that fails, whose
+// reply is lost or whose server is silent, or every call of an op until
+// healed.
+func (w *world) actFault(rt *rapid.T) {
+	ms := w.drawStore(rt)
+	if rapid.Bool().Draw(rt, "until healed") {
+		op := rapid.SampledFrom([]string{"Complete", "Renew", "Release", "RecordStep"}).Draw(rt, "op")
+		w.hist.note("store %d: every %s fails until healed", ms.id, op)
+		ms.f.setUntil(op)
+		if op == "Renew" {
+			// An owner that cannot renew loses its lease: documented.
+			w.renewing = append(w.renewing, w.hist.open(permit{why: "renewals fail", store: ms.id}))
+		}
+	} else {
+		op := rapid.SampledFrom([]string{"Claim", "Complete", "Release", "Get", "Renew", "Forget", "Resume", "RecordStep"}).Draw(rt, "op")
+		k := rapid.SampledFrom([]faultKind{faultFail, faultLose, faultHang}).Draw(rt, "kind")
+		w.hist.note("store %d: the next %s: %v", ms.id, op, k)
+		ms.f.setOnce(op, k)
+	}
+	w.troubled.Store(true)
+	w.disturbAll()
+}
+
+// actHeal ends every fault.
+func (w *world) actHeal(rt *rapid.T) { w.heal() }
+
+func (w *world) heal() {
+	w.hist.note("every fault heals")
+	for _, ms := range w.stores {
+		ms.f.heal()
+		ms.u.mu.Lock()
+		ms.u.marshal, ms.u.observer = behave, behave
+		ms.u.mu.Unlock()
+	}
+	retake := w.opts.RetryInterrupted || w.opts.Resume
+	for _, p := range w.renewing {
+		w.hist.close(p, retake)
+	}
+	w.renewing = nil
+}
+
+// kill ends store i's process: its backend calls are refused from then
+// on, its goroutines left running, and a new process takes its place. A
+// key it held may be taken over once its lease lapses, with
+// RetryInterrupted or Resume.
+func (w *world) kill(i int, why string) {
+	old := w.stores[i]
+	old.f.kill()
+	old.killed = true
+	w.dead = append(w.dead, old)
+	w.hist.point(permit{why: why, store: old.id, valid: w.opts.RetryInterrupted || w.opts.Resume})
+	w.disturbAll()
+	w.troubled.Store(true)
+	w.stores[i] = w.open(w.nextStore())
+}
+
+func (w *world) actKill(rt *rapid.T) {
+	i := rapid.IntRange(0, len(w.stores)-1).Draw(rt, "store")
+	w.hist.note("store %d is killed", w.stores[i].id)
+	w.kill(i, "store killed")
+}
+
+// actRestart closes a store, as a process shut down cleanly, and opens
+// another in its place. Close must return: it waits for executions in
+// flight, so blocked ones are let go first.
+func (w *world) actRestart(rt *rapid.T) {
+	i := rapid.IntRange(0, len(w.stores)-1).Draw(rt, "store")
+	ms := w.stores[i]
+	w.collect(rt, false)
+	w.mu.Lock()
+	blocked := len(w.gates) > 0 || len(w.pending) > 0
+	w.mu.Unlock()
+	if blocked {
+		rt.Skip("executions are blocked or calls in flight")
+	}
+	w.hist.note("store %d closes", ms.id)
+	w.closeStore(rt, ms)
+	w.hist.point(permit{why: "store closed", store: ms.id, valid: w.opts.RetryInterrupted || w.opts.Resume})
+	w.troubled.Store(true)
+	w.disturbAll()
+	w.stores[i] = w.open(w.nextStore())
+}
+
+// closeStore closes ms, and fails the sequence if Close does not return.
+func (w *world) closeStore(rt *rapid.T, ms *modelStore) {
+	ms.closed.Store(true)
+	// Close waits for tickets still open; a dropped one is released by
+	// its finalizer, once the garbage collector has seen it.
+	runtime.GC()
+	runtime.GC()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = ms.s.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(4*modelSettle + 2*time.Second):
+		w.fail(rt, "store %d's Close did not return", ms.id)
+	}
+}
+
+// actCrash kills every store, restarts the backend (a real reopen where
+// the harness has one) and opens new stores.
+func (w *world) actCrash(rt *rapid.T) {
+	w.hist.note("crash: every store dies, the backend restarts")
+	for i := range w.stores {
+		w.kill(i, "crash")
+	}
+	if w.h.Reopen != nil {
+		w.mu.Lock()
+		blocked := len(w.gates) > 0
+		w.mu.Unlock()
+		if !blocked && len(w.pending) == 0 {
+			for _, ms := range w.stores {
+				_ = ms.s.Close() // the fresh stores, which did nothing yet
+			}
+			w.b = w.h.Reopen(w.t, w.b)
+			setSharedBackend(w.t, w.b)
+			for i := range w.stores {
+				w.stores[i] = w.open(w.nextStore())
+			}
+		}
+	}
+}
+
+func (w *world) nextStore() int {
+	w.storeIDs++
+	return w.storeIDs
+}
+
+// quiesce lets everything settle (faults healed, blocked executions let
+// go, calls collected, dead owners' leases lapsed) and checks that no key
+// is left in flight: each answers, and the backend's record agrees. With
+// last, the stores are closed too, and Close must return.
+func (w *world) quiesce(last bool) {
+	rt := w.rt
+	w.hist.note("quiesce")
+	w.heal()
+	w.draining.Store(true)
+	defer w.draining.Store(false)
+	w.mu.Lock()
+	gates := w.gates
+	w.gates = nil
+	w.mu.Unlock()
+	for _, g := range gates {
+		g.release("ok")
+	}
+	w.collect(rt, true)
+	runtime.GC() // dropped tickets are released by their finalizers
+	runtime.GC()
+	time.Sleep(modelLease * 3 / 2)
+	for i := 0; i < modelKeys; i++ {
+		w.probe(rt, w.key(i))
+	}
+	w.invariant(rt)
+	if last {
+		for _, ms := range w.stores {
+			w.closeStore(rt, ms)
+		}
+		w.stores = nil
+	}
+}
+
+// probe calls key until it answers other than ErrInProgress (a
+// background write may still be settling) and judges the answer and the
+// backend's record.
+func (w *world) probe(rt *rapid.T, key string) {
+	ms := w.stores[0]
+	deadline := time.Now().Add(3*modelSettle + 2*modelLease)
+	for {
+		c := &modelCall{ms: ms, via: "RunOnce", key: key, payload: "p", p: plan{end: "ok"}, timeout: modelSettle}
+		w.sync(rt, c)
+		if c.err == nil || !isAny(c.err, idem.ErrInProgress) {
+			break
+		}
+		if time.Now().After(deadline) {
+			if w.clockHeld() {
+				w.hist.note("%s stays held by a lease the clock step lengthened", key)
+				return
+			}
+			w.fail(rt, "%s is still in flight after every fault healed and every owner finished: %v", key, c.err)
+		}
+	}
+	if w.b == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), modelSettle)
+	defer cancel()
+	rec, ok, err := w.b.Get(ctx, key, w.clock.Now())
+	switch {
+	case err != nil:
+		w.fail(rt, "reading %s from the backend: %v", key, err)
+	case !ok:
+		return
+	case rec.State == backend.StatePending && !w.clockHeld():
+		w.fail(rt, "%s is pending with a live lease after every owner finished", key)
+	case rec.State == backend.StateCompleted && !rec.Failed:
+		var r receipt
+		if err := json.Unmarshal(rec.Value, &r); err != nil {
+			w.fail(rt, "%s's record holds %q: %v", key, rec.Value, err)
+		}
+		oks, _, _ := w.hist.outcomes(key)
+		w.mu.Lock()
+		resolved := w.resolved[key][r.N]
+		w.mu.Unlock()
+		if !oks[r.N] && !resolved {
+			w.fail(rt, "%s's record holds %d, which no execution returned", key, r.N)
+		}
+	}
+}
+
+// end closes whatever the sequence left open: the dead stores, whose
+// calls are refused, are closed without judgement.
+func (w *world) end() {
+	w.mu.Lock()
+	for _, g := range w.gates {
+		g.release("ok")
+	}
+	w.gates = nil
+	w.mu.Unlock()
+	for _, ms := range append(w.stores, w.dead...) {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = ms.s.Close()
+		}()
+		select {
+		case <-done:
+		case <-time.After(4 * modelSettle):
+		}
+	}
+}

@@ -35,14 +35,14 @@ func (b blocking) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 }
 
 // closeWithin fails the test if Close does not return within d.
-func closeWithin(t *testing.T, s *idem.Store[order], d time.Duration) {
+func closeWithin[R any](t *testing.T, s *idem.Store[R], d time.Duration) {
 	t.Helper()
 	closed := make(chan struct{})
 	go func() { _ = s.Close(); close(closed) }()
 	select {
 	case <-closed:
 	case <-time.After(d):
-		t.Fatal("Close waited on a backend that never answers")
+		t.Fatalf("Close did not return within %v", d)
 	}
 }
 

@@ -84,3 +84,24 @@ func TestStepsSurviveRestart(t *testing.T) {
 	assert.Equal(t, value, resumed.Steps[0].Value)
 	assert.Equal(t, [32]byte{7}, resumed.Fingerprint)
 }
+
+// TestModel drives two stores over one bolt file with idemtest's random
+// model; a crash reopens the file.
+func TestModel(t *testing.T) {
+	paths := map[backend.Backend]string{}
+	idemtest.RunModel(t, idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, path := openTemp(t, nil)
+			paths[b] = path
+			return b
+		},
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			require.NoError(t, b.(*Backend).Close())
+			reopened, err := Open(paths[b], nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = reopened.Close() })
+			paths[reopened] = paths[b]
+			return reopened
+		},
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,7 +42,8 @@ import (
 func RunModel(t *testing.T, h Harness) {
 	budget := modelBudget()
 	seedModel(t)
-	deadline := time.Now().Add(budget)
+	start := time.Now()
+	deadline := start.Add(budget)
 	runs := 0
 	rapid.Check(t, func(rt *rapid.T) {
 		if runs > 0 && time.Now().After(deadline) {
@@ -55,7 +57,7 @@ func RunModel(t *testing.T, h Harness) {
 		rt.Repeat(w.actions())
 		w.quiesce(true)
 	})
-	t.Logf("model: %d sequences explored in %v (budget %v)", runs, budget, budget)
+	t.Logf("model: %d sequences explored in %v (budget %v)", runs, time.Since(start).Round(time.Second), budget)
 }
 
 // modelBudget is how long RunModel explores.
@@ -74,16 +76,25 @@ func modelBudget() time.Duration {
 
 // seedModel makes sure the run's seed is known and logged: rapid picks a
 // random one when -rapid.seed is zero, and names it only on failure.
+// The seed is set once per test binary, before any RunModel reads it, so
+// that parallel runs share it.
 func seedModel(t *testing.T) {
-	f := flag.Lookup("rapid.seed")
-	if f == nil {
-		return
-	}
-	seed, _ := strconv.ParseUint(f.Value.String(), 10, 64)
-	if seed == 0 {
-		seed = rand.Uint64()
-		_ = f.Value.Set(strconv.FormatUint(seed, 10))
-		t.Cleanup(func() { _ = f.Value.Set("0") })
-	}
-	t.Logf("model: seed %d (run again with -rapid.seed=%d)", seed, seed)
+	seedOnce.Do(func() {
+		f := flag.Lookup("rapid.seed")
+		if f == nil {
+			return
+		}
+		seed, _ := strconv.ParseUint(f.Value.String(), 10, 64)
+		if seed == 0 {
+			seed = rand.Uint64()
+			_ = f.Value.Set(strconv.FormatUint(seed, 10))
+		}
+		modelSeed = seed
+	})
+	t.Logf("model: seed %d (run again with -rapid.seed=%d)", modelSeed, modelSeed)
 }
+
+var (
+	seedOnce  sync.Once
+	modelSeed uint64 // written once, under seedOnce
+)

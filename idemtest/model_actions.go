@@ -205,7 +205,7 @@ func (w *world) actForget(rt *rapid.T) {
 	p := w.hist.open(permit{why: "forget " + key, key: key, store: -1, resets: true})
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
-	disturb0 := w.disturbed.Load()
+	disturb0, faulted := w.disturbed.Load(), w.anyFault()
 	err := ms.s.Forget(ctx, key)
 	w.hist.close(p, err == nil)
 	w.hist.note("forget %s in store %d -> %v", key, ms.id, err)
@@ -214,13 +214,13 @@ func (w *world) actForget(rt *rapid.T) {
 		delete(w.mayInterrupt, key)
 		w.mu.Unlock()
 	}
-	w.checkAdmin(rt, "Forget", err, disturb0, ms)
+	w.checkAdmin(rt, "Forget", err, disturb0, faulted, ms)
 }
 
 // checkAdmin judges the error of an operator's call: a backend error only
 // with a fault.
-func (w *world) checkAdmin(rt *rapid.T, op string, err error, disturb0 int64, ms *modelStore) {
-	if err == nil || w.disturbed.Load() != disturb0 || w.anyFault() || ms.killed {
+func (w *world) checkAdmin(rt *rapid.T, op string, err error, disturb0 int64, faulted bool, ms *modelStore) {
+	if err == nil || faulted || w.disturbed.Load() != disturb0 || w.anyFault() || ms.killed {
 		return
 	}
 	if isAny(err, idem.ErrInProgress, idem.ErrNotInterrupted, idem.ErrFull) {
@@ -234,12 +234,12 @@ func (w *world) checkAdmin(rt *rapid.T, op string, err error, disturb0 int64, ms
 
 func (w *world) actSweep(rt *rapid.T) {
 	ms := w.drawStore(rt)
-	disturb0 := w.disturbed.Load()
+	disturb0, faulted := w.disturbed.Load(), w.anyFault()
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
 	n, err := ms.s.Sweep(ctx)
 	w.hist.note("sweep in store %d -> %d, %v", ms.id, n, err)
-	w.checkAdmin(rt, "Sweep", err, disturb0, ms)
+	w.checkAdmin(rt, "Sweep", err, disturb0, faulted, ms)
 }
 
 // actClock steps the stores' clock forward or back past every TTL and

@@ -20,6 +20,7 @@ type modelCall struct {
 	p        plan
 	timeout  time.Duration
 	disturb0 int64 // the world's disturbance count when the call started
+	faulted  bool  // a fault was planned when it started
 
 	ran     bool // this call's fn ran (an execution of its own)
 	val     receipt
@@ -46,6 +47,7 @@ func (w *world) do(c *modelCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	c.disturb0 = w.disturbed.Load()
+	c.faulted = w.anyFault()
 	fn := w.fn(c.ms, c.key, c.payload, c.p)
 	ran := func(ctx context.Context) (receipt, error) {
 		c.ran = true
@@ -113,7 +115,7 @@ func (w *world) async(c *modelCall) {
 // check judges how call c ended against what the model allows, and
 // returns what is wrong, if anything.
 func (w *world) check(c *modelCall) string {
-	disturbed := w.disturbed.Load() != c.disturb0 || w.anyFault() || c.ms.killed || c.ms.closed.Load()
+	disturbed := c.faulted || w.disturbed.Load() != c.disturb0 || w.anyFault() || c.ms.killed || c.ms.closed.Load()
 	if c.bounded > c.timeout+modelSlack {
 		return fmt.Sprintf("took %v, %v of it past the caller's %v ctx", c.took, c.bounded-c.timeout, c.timeout)
 	}

@@ -56,6 +56,9 @@ type permit struct {
 	// lapse, with RetryInterrupted or Resume).
 	completed bool
 	resets    bool // the record is gone: recorded steps may run again
+	// death: the store died; its executions, even those its goroutines
+	// start after (the claim was made before), may be taken over.
+	death bool
 }
 
 type stepID struct{ key, name string }
@@ -148,7 +151,7 @@ func (p *permit) allows(prev, next *execEvent) (ok, undecided bool) {
 	if p.key != "" && p.key != prev.key || p.store >= 0 && p.store != prev.store {
 		return false, false
 	}
-	if p.from > next.start || p.to >= 0 && p.to < prev.start {
+	if p.from > next.start || !p.death && p.to >= 0 && p.to < prev.start {
 		return false, false
 	}
 	if p.completed && !prev.completedBy(p.from) {

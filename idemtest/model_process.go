@@ -36,25 +36,25 @@ func (w *world) actResolve(rt *rapid.T) {
 	}
 	w.resolved[key][v] = true
 	w.mu.Unlock()
-	disturb0 := w.disturbed.Load()
+	disturb0, faulted := w.disturbed.Load(), w.anyFault()
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
 	err := ms.s.Resolve(ctx, key, receipt{N: v}, nil)
 	w.hist.note("resolve %s in store %d with %d -> %v", key, ms.id, v, err)
-	w.checkAdmin(rt, "Resolve", err, disturb0, ms)
+	w.checkAdmin(rt, "Resolve", err, disturb0, faulted, ms)
 }
 
 // actRecords lists the records, as an operator's tool does.
 func (w *world) actRecords(rt *rapid.T) {
 	ms := w.drawStore(rt)
-	disturb0 := w.disturbed.Load()
+	disturb0, faulted := w.disturbed.Load(), w.anyFault()
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
 	n := 0
 	for _, err := range ms.s.Records(ctx) {
 		if err != nil {
 			w.hist.note("records in store %d -> %v", ms.id, err)
-			w.checkAdmin(rt, "Records", err, disturb0, ms)
+			w.checkAdmin(rt, "Records", err, disturb0, faulted, ms)
 			return
 		}
 		n++
@@ -112,7 +112,7 @@ func (w *world) kill(i int, why string) {
 	old.f.kill()
 	old.killed = true
 	w.dead = append(w.dead, old)
-	w.hist.point(permit{why: why, store: old.id, valid: w.opts.RetryInterrupted || w.opts.Resume})
+	w.hist.point(permit{why: why, store: old.id, valid: w.opts.RetryInterrupted || w.opts.Resume, death: true})
 	w.disturbAll()
 	w.troubled.Store(true)
 	w.stores[i] = w.open(w.nextStore())
@@ -139,7 +139,7 @@ func (w *world) actRestart(rt *rapid.T) {
 	}
 	w.hist.note("store %d closes", ms.id)
 	w.closeStore(rt, ms)
-	w.hist.point(permit{why: "store closed", store: ms.id, valid: w.opts.RetryInterrupted || w.opts.Resume})
+	w.hist.point(permit{why: "store closed", store: ms.id, valid: w.opts.RetryInterrupted || w.opts.Resume, death: true})
 	w.troubled.Store(true)
 	w.disturbAll()
 	w.stores[i] = w.open(w.nextStore())

@@ -8,10 +8,12 @@ import (
 )
 
 func TestModelMemoryOnly(t *testing.T) {
+	t.Parallel()
 	idemtest.RunModel(t, idemtest.Harness{})
 }
 
 func TestModelMemoryBackend(t *testing.T) {
+	t.Parallel()
 	idemtest.RunModel(t, idemtest.Harness{
 		Backend: func(*testing.T) backend.Backend { return idemtest.NewMemoryBackend() },
 		// A crash: every owner is dead, so their pending claims read

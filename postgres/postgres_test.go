@@ -121,3 +121,24 @@ func TestContract(t *testing.T) {
 		ServerClock: true,
 	})
 }
+
+// TestModel drives two stores over one table with idemtest's random
+// model, on the server's clock; a crash is a new Backend over the table.
+func TestModel(t *testing.T) {
+	pool := testPool(t)
+	tables := map[backend.Backend]string{}
+	idemtest.RunModel(t, idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, table := testBackend(t, pool)
+			tables[b] = table
+			return b
+		},
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			reopened, err := New(context.Background(), pool, Options{Table: tables[b]})
+			require.NoError(t, err)
+			tables[reopened] = tables[b]
+			return reopened
+		},
+		ServerClock: true,
+	})
+}

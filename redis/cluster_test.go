@@ -305,3 +305,13 @@ func TestContractCluster(t *testing.T) {
 		ServerClock: true,
 	})
 }
+
+// TestModelCluster drives two stores with idemtest's random model against
+// a real Redis Cluster, on its servers' TIME.
+func TestModelCluster(t *testing.T) {
+	rdb := testClusterClient(t)
+	idemtest.RunModel(t, idemtest.Harness{
+		Backend:     func(t *testing.T) backend.Backend { return testClusterBackend(t, rdb) },
+		ServerClock: true,
+	})
+}

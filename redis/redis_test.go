@@ -64,3 +64,13 @@ func TestContract(t *testing.T) {
 		ServerClock: true,
 	})
 }
+
+// TestModel drives two stores under one prefix with idemtest's random
+// model, on the server's TIME.
+func TestModel(t *testing.T) {
+	rdb := testClient(t)
+	idemtest.RunModel(t, idemtest.Harness{
+		Backend:     func(t *testing.T) backend.Backend { return testBackend(t, rdb) },
+		ServerClock: true,
+	})
+}

@@ -65,6 +65,29 @@ func TestContract(t *testing.T) {
 	})
 }
 
+// TestModel drives two stores over one SQLite file with idemtest's random
+// model; a crash is a new *sql.DB and Backend over the file.
+func TestModel(t *testing.T) {
+	paths := map[backend.Backend]string{}
+	idemtest.RunModel(t, idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, path := testBackend(t)
+			paths[b] = path
+			return b
+		},
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			require.NoError(t, b.(*Backend).db.Close())
+			db, err := Open(paths[b])
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			reopened, err := New(context.Background(), db, Options{})
+			require.NoError(t, err)
+			paths[reopened] = paths[b]
+			return reopened
+		},
+	})
+}
+
 func TestSchemaFileMatchesNew(t *testing.T) {
 	normalize := func(s string) string {
 		var lines []string

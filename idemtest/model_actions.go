@@ -279,6 +279,7 @@ func (w *world) actMisbehave(rt *rapid.T) {
 		m = misPanic
 	}
 	w.hist.note("store %d's %s will %v once", ms.id, where, m)
+	w.holdAll(forever) // an outcome it could not encode is held unrecorded
 	ms.u.mu.Lock()
 	if where == "codec" {
 		ms.u.marshal = m

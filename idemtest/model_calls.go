@@ -21,6 +21,7 @@ type modelCall struct {
 	timeout  time.Duration
 	disturb0 int64 // the world's disturbance count when the call started
 	faulted  bool  // a fault was planned when it started
+	busy0    bool  // something held its key when it started
 
 	ran     bool // this call's fn ran (an execution of its own)
 	val     receipt
@@ -48,6 +49,7 @@ func (w *world) do(c *modelCall) {
 	defer cancel()
 	c.disturb0 = w.disturbed.Load()
 	c.faulted = w.anyFault()
+	c.busy0 = w.busy(c.key)
 	fn := w.fn(c.ms, c.key, c.payload, c.p)
 	ran := func(ctx context.Context) (receipt, error) {
 		c.ran = true
@@ -96,6 +98,7 @@ func (w *world) do(c *modelCall) {
 		c.val, c.err = v, err
 	case "drop": // the ticket is garbage; its finalizer releases the key
 		v, err := ran(tk.Context())
+		w.hold(c.key, forever) // until the garbage collector runs
 		w.hist.point(permit{why: "ticket dropped", key: c.key, store: -1, valid: true})
 		c.val, c.err = v, err
 	}
@@ -115,6 +118,7 @@ func (w *world) async(c *modelCall) {
 // check judges how call c ended against what the model allows, and
 // returns what is wrong, if anything.
 func (w *world) check(c *modelCall) string {
+	busy := w.busy(c.key)
 	disturbed := c.faulted || w.disturbed.Load() != c.disturb0 || w.anyFault() || c.ms.killed || c.ms.closed.Load()
 	if c.bounded > c.timeout+modelSlack {
 		return fmt.Sprintf("took %v, %v of it past the caller's %v ctx", c.took, c.bounded-c.timeout, c.timeout)
@@ -142,6 +146,9 @@ func (w *world) check(c *modelCall) string {
 		if err != nil && !disturbed {
 			return "an outcome not recorded with no fault: " + err.Error()
 		}
+		if err != nil {
+			w.hold(c.key, forever) // until it is recorded, after a heal
+		}
 		if c.ran && strings.HasPrefix(c.via, "Begin/") && c.via != "Begin/finish" {
 			return "" // the caller's own fn's answer, not the store's
 		}
@@ -163,8 +170,9 @@ func (w *world) check(c *modelCall) string {
 			return "ErrPayloadMismatch, but the key never ran with another payload"
 		}
 	case errors.Is(err, idem.ErrInProgress):
-		// Documented whenever the key may be busy; the quiescent
-		// checks catch a key left in flight for good.
+		if !busy && !c.busy0 {
+			return "ErrInProgress, but nothing held the key: " + err.Error()
+		}
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		if !mayInterrupt {
 			return "ErrOutcomeUnknown, but no owner of the key died or lost its claim"

@@ -33,6 +33,7 @@ type execEvent struct {
 	end      int    // 0 while it runs
 	outcome  string // "ok", "final", "fail", "panic", "goexit"; "" while it runs
 	value    int    // its success's value
+	finalErr string // its final error's message
 	leftStep bool   // it ended with at least one step recorded
 }
 
@@ -249,7 +250,7 @@ func (h *history) outcomes(key string) (oks map[int]bool, finals map[string]bool
 		case "ok":
 			oks[e.value] = true
 		case "final":
-			finals[finalMsg(e.id)] = true
+			finals[e.finalErr] = true
 		}
 	}
 	return oks, finals, execs

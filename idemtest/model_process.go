@@ -71,6 +71,7 @@ func (w *world) actFault(rt *rapid.T) {
 		op := rapid.SampledFrom([]string{"Complete", "Renew", "Release", "RecordStep"}).Draw(rt, "op")
 		w.hist.note("store %d: every %s fails until healed", ms.id, op)
 		ms.f.setUntil(op)
+		w.holdAll(forever)
 		if op == "Renew" {
 			// An owner that cannot renew loses its lease: documented.
 			w.renewing = append(w.renewing, w.hist.open(permit{why: "renewals fail", store: ms.id}))
@@ -80,6 +81,11 @@ func (w *world) actFault(rt *rapid.T) {
 		k := rapid.SampledFrom([]faultKind{faultFail, faultLose, faultHang}).Draw(rt, "kind")
 		w.hist.note("store %d: the next %s: %v", ms.id, op, k)
 		ms.f.setOnce(op, k)
+		if k == faultLose || op != "Claim" && op != "Get" && op != "Forget" {
+			// A write that landed unseen, or failed, is settled in
+			// the background.
+			w.holdAll(forever)
+		}
 	}
 	w.troubled.Store(true)
 	w.disturbAll()
@@ -96,6 +102,7 @@ func (w *world) heal() {
 		ms.u.marshal, ms.u.observer = behave, behave
 		ms.u.mu.Unlock()
 	}
+	w.unhold()
 	retake := w.opts.RetryInterrupted || w.opts.Resume
 	for _, p := range w.renewing {
 		w.hist.close(p, retake)
@@ -115,6 +122,7 @@ func (w *world) kill(i int, why string) {
 	w.hist.point(permit{why: why, store: old.id, valid: w.opts.RetryInterrupted || w.opts.Resume, death: true})
 	w.disturbAll()
 	w.troubled.Store(true)
+	w.holdAll(settled())
 	w.stores[i] = w.open(w.nextStore())
 }
 
@@ -141,6 +149,7 @@ func (w *world) actRestart(rt *rapid.T) {
 	w.closeStore(rt, ms)
 	w.hist.point(permit{why: "store closed", store: ms.id, valid: w.opts.RetryInterrupted || w.opts.Resume, death: true})
 	w.troubled.Store(true)
+	w.holdAll(settled())
 	w.disturbAll()
 	w.stores[i] = w.open(w.nextStore())
 }

@@ -60,6 +60,7 @@ type world struct {
 	panicked     map[string]bool         // guarded by mu; keys an execution or hook panicked in
 	exited       map[string]bool         // guarded by mu; keys an execution or hook Goexited in
 	resolved     map[string]map[int]bool // guarded by mu; the values an operator gave each key
+	heldUntil    map[string]time.Time    // guarded by mu; until when something may hold a key (model_busy.go)
 
 	renewing []*permit     // the windows of renew outages not yet healed
 	dead     []*modelStore // killed stores, closed at the end
@@ -88,6 +89,7 @@ func newWorld(t *testing.T, rt *rapid.T, h Harness) *world {
 		panicked:     map[string]bool{},
 		exited:       map[string]bool{},
 		resolved:     map[string]map[int]bool{},
+		heldUntil:    map[string]time.Time{},
 	}
 	if h.Backend != nil {
 		w.b = sharedBackend(t, h)
@@ -286,6 +288,9 @@ func (w *world) fn(ms *modelStore, key, payload string, p plan) work {
 			leftStep = leftStep || recorded || (err == nil && !ran)
 			if err != nil {
 				outcome = "fail"
+				if idem.IsFinal(err) {
+					outcome, e.finalErr = "final", err.Error()
+				}
 				return receipt{}, err
 			}
 		}
@@ -295,7 +300,7 @@ func (w *world) fn(ms *modelStore, key, payload string, p plan) work {
 			e.value = v
 			outcome = "ok"
 		case idem.IsFinal(err):
-			outcome = "final"
+			outcome, e.finalErr = "final", err.Error()
 		default:
 			outcome = "fail"
 		}

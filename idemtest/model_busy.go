@@ -1,0 +1,73 @@
+package idemtest
+
+import (
+	"math"
+	"time"
+)
+
+// When may a key answer ErrInProgress? Only while something may hold it:
+// an execution or a call of it in flight, an outcome this process holds
+// unrecorded, a ticket dropped and not yet collected, a claim of a dead
+// store whose lease has not lapsed, a write that failed and is being
+// settled. A key that nothing holds is claimed, replayed or refused, never
+// waited on: an answer of ErrInProgress then is a key stuck in flight,
+// or a backend failure misreported.
+
+// forever is a hold that only a heal or a quiescence ends.
+var forever = time.Unix(0, math.MaxInt64)
+
+// holdAll marks every key as possibly held until until.
+func (w *world) holdAll(until time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := 0; i < modelKeys; i++ {
+		w.holdLocked(w.key(i), until)
+	}
+}
+
+func (w *world) hold(key string, until time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.holdLocked(key, until)
+}
+
+func (w *world) holdLocked(key string, until time.Time) {
+	if until.After(w.heldUntil[key]) {
+		w.heldUntil[key] = until
+	}
+}
+
+// settled is how long after a fault heals, or a store dies, a key may
+// still be held: its writes settled, its lease lapsed.
+func settled() time.Time { return time.Now().Add(modelSettle + 3*modelLease) }
+
+// unhold ends the holds that a heal ends: they last settled() more.
+func (w *world) unhold() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, until := range w.heldUntil {
+		if until == forever {
+			w.heldUntil[k] = settled()
+		}
+	}
+}
+
+// busy reports whether something may hold key now.
+func (w *world) busy(key string) bool {
+	if w.hist.running(key) || w.clockHeld() {
+		return true
+	}
+	for _, a := range w.pending {
+		if a.c.key == key {
+			return true
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, g := range w.gates {
+		if g.key == key {
+			return true
+		}
+	}
+	return time.Now().Before(w.heldUntil[key])
+}

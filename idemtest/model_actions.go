@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/seed094d4201/idem"
@@ -144,6 +145,12 @@ func (w *world) sync(rt *rapid.T, c *modelCall) {
 		w.fail(rt, "%v never returned", c)
 	}
 	w.hist.note("  -> %v, %v (ran %v, took %v)", c.val, c.err, c.ran, c.took.Round(time.Millisecond))
+	if c.via == "Begin/drop" && !w.anyFault() {
+		runtime.GC() // its finalizer releases the dropped ticket's key
+		w.mu.Lock()
+		w.heldUntil[c.key] = settled()
+		w.mu.Unlock()
+	}
 	if msg := w.check(c); msg != "" {
 		w.fail(rt, "%v: %s", c, msg)
 	}
@@ -243,6 +250,7 @@ func (w *world) actForget(rt *rapid.T) {
 		w.mu.Lock()
 		delete(w.mayInterrupt, key)
 		w.mu.Unlock()
+		w.unpin(key)
 	}
 	w.checkAdmin(rt, "Forget", err, disturb0, faulted, ms)
 }
@@ -279,6 +287,9 @@ func (w *world) actClock(rt *rapid.T) {
 	w.hist.note("clock steps %v", d)
 	w.clock.step(d)
 	w.disturb()
+	if d >= modelLease || d <= -modelLease {
+		w.unpin("") // a claim may be lost, and its outcome with it
+	}
 	if d <= -modelLease && !(w.h.ServerClock && w.b != nil) {
 		w.steppedBack.Store(true)
 	}

@@ -71,3 +71,42 @@ func (w *world) busy(key string) bool {
 	}
 	return time.Now().Before(w.heldUntil[key])
 }
+
+// A pin is an outcome a store holds in memory unrecorded: it replays it to
+// every call of the key, and neither runs the key again nor waits, until
+// the outcome is recorded, the key is forgotten, or the claim may have
+// been lost (its lease lapsed by a clock step or a renew outage).
+type pin struct {
+	store   int
+	value   int
+	payload string
+}
+
+func (w *world) pinOf(key string) (pin, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, ok := w.pins[key]
+	return p, ok
+}
+
+// unpin forgets the pins of key, or of every key for "".
+func (w *world) unpin(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if key == "" {
+		clear(w.pins)
+		return
+	}
+	delete(w.pins, key)
+}
+
+// unpinStore forgets the pins a store held.
+func (w *world) unpinStore(id int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, p := range w.pins {
+		if p.store == id {
+			delete(w.pins, k)
+		}
+	}
+}

@@ -22,6 +22,7 @@ type modelCall struct {
 	disturb0 int64 // the world's disturbance count when the call started
 	faulted  bool  // a fault was planned when it started
 	busy0    bool  // something held its key when it started
+	pin      *pin  // the outcome its store held unrecorded when it started
 
 	ran     bool // this call's fn ran (an execution of its own)
 	val     receipt
@@ -50,6 +51,9 @@ func (w *world) do(c *modelCall) {
 	c.disturb0 = w.disturbed.Load()
 	c.faulted = w.anyFault()
 	c.busy0 = w.busy(c.key)
+	if p, ok := w.pinOf(c.key); ok && p.store == c.ms.id && p.payload == c.payload {
+		c.pin = &p
+	}
 	fn := w.fn(c.ms, c.key, c.payload, c.p)
 	ran := func(ctx context.Context) (receipt, error) {
 		c.ran = true
@@ -92,13 +96,14 @@ func (w *world) do(c *modelCall) {
 		v, err := ran(tk.Context())
 		c.val, c.err = tk.Finish(v, err)
 	case "release":
+		defer tk.Release() // a panic in fn releases the key, and goes on up
 		v, err := ran(tk.Context())
 		tk.Release()
 		w.hist.point(permit{why: "ticket released", key: c.key, store: -1, valid: true})
 		c.val, c.err = v, err
 	case "drop": // the ticket is garbage; its finalizer releases the key
-		v, err := ran(tk.Context())
 		w.hold(c.key, forever) // until the garbage collector runs
+		v, err := ran(tk.Context())
 		w.hist.point(permit{why: "ticket dropped", key: c.key, store: -1, valid: true})
 		c.val, c.err = v, err
 	}
@@ -131,6 +136,11 @@ func (w *world) check(c *modelCall) string {
 	mayInterrupt, panicked, exited := w.mayInterrupt[c.key], w.panicked[c.key], w.exited[c.key]
 	w.mu.Unlock()
 	err := c.err
+	if p := c.pin; p != nil {
+		if _, still := w.pinOf(c.key); still && (c.ran || c.val.N != p.value) {
+			return fmt.Sprintf("store %d held %d unrecorded for the key, yet answered %d, %v (ran %v)", p.store, p.value, c.val.N, err, c.ran)
+		}
+	}
 	if c.exited {
 		if exited || disturbed {
 			return ""
@@ -158,6 +168,11 @@ func (w *world) check(c *modelCall) string {
 		}
 		if err != nil {
 			w.hold(c.key, forever) // until it is recorded, after a heal
+			if !c.ms.killed && !c.ms.closed.Load() && !strings.HasPrefix(c.via, "Begin/") || c.via == "Begin/finish" {
+				w.mu.Lock()
+				w.pins[c.key] = pin{store: c.ms.id, value: c.val.N, payload: c.payload}
+				w.mu.Unlock()
+			}
 		}
 		if c.ran && strings.HasPrefix(c.via, "Begin/") && c.via != "Begin/finish" {
 			return "" // the caller's own fn's answer, not the store's

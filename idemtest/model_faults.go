@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -40,6 +41,11 @@ type faults struct {
 	killed bool                 // guarded by mu; every call refused from then on
 	once   map[string]faultKind // guarded by mu; the next call of an op
 	until  map[string]bool      // guarded by mu; every call of an op fails until healed
+	// The next claim this store wins has its outcome writes fail until
+	// healed (markNext); tokens holds those claims, oldest first, so that
+	// one execution's write can heal while a later one's still fails.
+	markNext bool     // guarded by mu
+	tokens   []string // guarded by mu
 }
 
 func newFaults() *faults {
@@ -69,14 +75,52 @@ func (f *faults) heal() {
 	f.mu.Lock()
 	clear(f.once)
 	clear(f.until)
+	f.markNext, f.tokens = false, nil
 	f.mu.Unlock()
+}
+
+// failNextClaim makes the outcome writes of the next claim this store
+// wins fail until healed.
+func (f *faults) failNextClaim() {
+	f.mu.Lock()
+	f.markNext = true
+	f.mu.Unlock()
+}
+
+// won notes a claim this store won.
+func (f *faults) won(token string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.markNext {
+		f.markNext = false
+		f.tokens = append(f.tokens, token)
+	}
+}
+
+// healOldest heals the oldest claim whose writes fail, and reports
+// whether there was one.
+func (f *faults) healOldest() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.tokens) == 0 {
+		return false
+	}
+	f.tokens = f.tokens[1:]
+	return true
+}
+
+// failsToken reports whether token's outcome writes fail.
+func (f *faults) failsToken(token string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Contains(f.tokens, token)
 }
 
 // active reports whether any fault is planned, a kill included.
 func (f *faults) active() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.killed || len(f.once) > 0 || len(f.until) > 0
+	return f.killed || len(f.once) > 0 || len(f.until) > 0 || f.markNext || len(f.tokens) > 0
 }
 
 // take returns the fault for this call of op, consuming a one-call fault.
@@ -161,10 +205,16 @@ func (fb faultBackend) Claim(ctx context.Context, rec backend.Record, now time.T
 	if err != nil {
 		return backend.Record{}, false, err
 	}
+	if won {
+		fb.f.won(rec.Token)
+	}
 	return got, won, nil
 }
 
 func (fb faultBackend) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
+	if fb.f.failsToken(rec.Token) {
+		return errInjected
+	}
 	return fb.do(ctx, "Complete", func() error { return fb.b.Complete(ctx, rec, now, ttl) })
 }
 

@@ -67,16 +67,22 @@ func (w *world) actRecords(rt *rapid.T) {
 // healed.
 func (w *world) actFault(rt *rapid.T) {
 	ms := w.drawStore(rt)
-	if rapid.Bool().Draw(rt, "until healed") {
+	switch rapid.IntRange(0, 3).Draw(rt, "fault") {
+	case 0:
+		w.hist.note("store %d: the outcome writes of its next claim fail until healed", ms.id)
+		ms.f.failNextClaim()
+		w.holdAll(forever)
+	case 1, 2:
 		op := rapid.SampledFrom([]string{"Complete", "Complete", "Complete", "Renew", "Release", "RecordStep"}).Draw(rt, "op")
 		w.hist.note("store %d: every %s fails until healed", ms.id, op)
 		ms.f.setUntil(op)
 		w.holdAll(forever)
 		if op == "Renew" {
+			w.unpinStore(ms.id)
 			// An owner that cannot renew loses its lease: documented.
 			w.renewing = append(w.renewing, w.hist.open(permit{why: "renewals fail", store: ms.id}))
 		}
-	} else {
+	default:
 		op := rapid.SampledFrom([]string{"Claim", "Complete", "Release", "Get", "Renew", "Forget", "Resume", "RecordStep"}).Draw(rt, "op")
 		k := rapid.SampledFrom([]faultKind{faultFail, faultLose, faultHang}).Draw(rt, "kind")
 		w.hist.note("store %d: the next %s: %v", ms.id, op, k)
@@ -91,8 +97,17 @@ func (w *world) actFault(rt *rapid.T) {
 	w.disturbAll()
 }
 
-// actHeal ends every fault.
-func (w *world) actHeal(rt *rapid.T) { w.heal() }
+// actHeal ends every fault, or only the oldest claim's failing writes.
+func (w *world) actHeal(rt *rapid.T) {
+	if rapid.Bool().Draw(rt, "one") {
+		ms := w.drawStore(rt)
+		if ms.f.healOldest() {
+			w.hist.note("store %d: the oldest claim's outcome writes heal", ms.id)
+		}
+		return
+	}
+	w.heal()
+}
 
 func (w *world) heal() {
 	w.hist.note("every fault heals")
@@ -118,6 +133,7 @@ func (w *world) kill(i int, why string) {
 	old := w.stores[i]
 	old.f.kill()
 	old.killed = true
+	w.unpinStore(old.id)
 	w.dead = append(w.dead, old)
 	w.hist.point(permit{why: why, store: old.id, valid: w.opts.RetryInterrupted || w.opts.Resume, death: true})
 	w.disturbAll()
@@ -147,6 +163,7 @@ func (w *world) actRestart(rt *rapid.T) {
 		return
 	}
 	w.hist.note("store %d closes", ms.id)
+	w.unpinStore(ms.id)
 	w.closeStore(rt, ms)
 	w.hist.point(permit{why: "store closed", store: ms.id, valid: w.opts.RetryInterrupted || w.opts.Resume, death: true})
 	w.troubled.Store(true)

@@ -61,6 +61,7 @@ type world struct {
 	exited       map[string]bool         // guarded by mu; keys an execution or hook Goexited in
 	resolved     map[string]map[int]bool // guarded by mu; the values an operator gave each key
 	heldUntil    map[string]time.Time    // guarded by mu; until when something may hold a key (model_busy.go)
+	pins         map[string]pin          // guarded by mu; outcomes a store holds unrecorded
 
 	renewing []*permit     // the windows of renew outages not yet healed
 	dead     []*modelStore // killed stores, closed at the end
@@ -90,14 +91,21 @@ func newWorld(t *testing.T, rt *rapid.T, h Harness) *world {
 		exited:       map[string]bool{},
 		resolved:     map[string]map[int]bool{},
 		heldUntil:    map[string]time.Time{},
+		pins:         map[string]pin{},
 	}
 	if h.Backend != nil {
 		w.b = sharedBackend(t, h)
 	}
+	// A settle shorter than a call's ctx lets the call hear that its
+	// outcome was not recorded; a longer one shows what a call waits out.
+	settle := modelSettle
+	if w.b != nil && rapid.Bool().Draw(rt, "short settle") {
+		settle = modelCallCtx * 3 / 4
+	}
 	w.opts = idem.Options{
 		TTL:           modelTTL,
 		Lease:         modelLease,
-		SettleTimeout: modelSettle,
+		SettleTimeout: settle,
 		SweepInterval: -1,
 		Now:           w.clock.Now,
 	}

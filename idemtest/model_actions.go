@@ -300,7 +300,8 @@ func (w *world) actClock(rt *rapid.T) {
 	// Every outcome expired; with RetryInterrupted or Resume, a lease
 	// that seemed to lapse lets another store take the key.
 	retake := w.opts.RetryInterrupted || w.opts.Resume
-	w.hist.point(permit{why: "the clock stepped past every TTL and lease", store: -1, valid: true, completed: !retake, resets: true})
+	w.hist.point(permit{why: "the clock stepped past every lease", store: -1, valid: retake})
+	w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true})
 }
 
 func (w *world) actSleep(rt *rapid.T) {

@@ -52,9 +52,8 @@ type permit struct {
 	from, to int
 	pending  bool // a window whose validity is not known yet
 	valid    bool
-	// completed: the permit ends an epoch only after a final outcome (an
-	// expiry), unless lapse is set too (a lease that a clock step made
-	// lapse, with RetryInterrupted or Resume).
+	// completed: the permit ends an epoch only for an execution that
+	// ended with a final outcome before it (an expiry).
 	completed bool
 	resets    bool // the record is gone: recorded steps may run again
 	// death: the store died; its executions, even those its goroutines
@@ -87,14 +86,6 @@ func (h *history) note(format string, args ...any) {
 
 func (h *history) noteLocked(format string, args ...any) {
 	h.lines = append(h.lines, fmt.Sprintf("%4d ", h.seq)+fmt.Sprintf(format, args...))
-}
-
-func (h *history) violation(format string, args ...any) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	msg := fmt.Sprintf(format, args...)
-	h.noteLocked("VIOLATION: %s", msg)
-	h.errs = append(h.errs, msg)
 }
 
 // startExec records an execution's start and returns it.
@@ -211,13 +202,24 @@ func (h *history) stepRuns(key, name string, exec int) {
 		return
 	}
 	for _, p := range h.permits {
-		if p.valid && p.resets && (p.key == "" || p.key == key) && p.from > rec.seq {
+		if p.valid && p.resets && (p.key == "" || p.key == key) && p.from > rec.seq && (!p.completed || h.completedLocked(key, p.from)) {
 			return
 		}
 	}
 	msg := fmt.Sprintf("step %s of key %s ran again in exec %d, though it was recorded (value %d)", name, key, exec, rec.value)
 	h.noteLocked("VIOLATION: %s", msg)
 	h.errs = append(h.errs, msg)
+}
+
+// completedLocked reports whether an execution of key ended with a final
+// outcome before seq: its record, steps and all, may expire.
+func (h *history) completedLocked(key string, seq int) bool {
+	for _, e := range h.execs[key] {
+		if e.completedBy(seq) {
+			return true
+		}
+	}
+	return false
 }
 
 // stepDone records what a step returned to fn: ran tells whether its fn

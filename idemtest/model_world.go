@@ -191,12 +191,6 @@ func (w *world) flag(m map[string]bool, key string) {
 	w.mu.Unlock()
 }
 
-func (w *world) has(m map[string]bool, key string) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return m[key]
-}
-
 // anyFault reports whether a fault or misbehaviour is planned anywhere.
 func (w *world) anyFault() bool {
 	for _, ms := range w.stores {

@@ -46,6 +46,7 @@ type faults struct {
 	// one execution's write can heal while a later one's still fails.
 	markNext bool     // guarded by mu
 	tokens   []string // guarded by mu
+	silent   bool     // guarded by mu; every call waits for its ctx, then is refused
 }
 
 func newFaults() *faults {
@@ -64,6 +65,14 @@ func (f *faults) setUntil(op string) {
 	f.mu.Unlock()
 }
 
+// goSilent makes the backend a silent server for this store until
+// healed: nothing it is sent lands.
+func (f *faults) goSilent() {
+	f.mu.Lock()
+	f.silent = true
+	f.mu.Unlock()
+}
+
 func (f *faults) kill() {
 	f.mu.Lock()
 	f.killed = true
@@ -75,7 +84,7 @@ func (f *faults) heal() {
 	f.mu.Lock()
 	clear(f.once)
 	clear(f.until)
-	f.markNext, f.tokens = false, nil
+	f.markNext, f.tokens, f.silent = false, nil, false
 	f.mu.Unlock()
 }
 
@@ -120,7 +129,7 @@ func (f *faults) failsToken(token string) bool {
 func (f *faults) active() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.killed || len(f.once) > 0 || len(f.until) > 0 || f.markNext || len(f.tokens) > 0
+	return f.killed || len(f.once) > 0 || len(f.until) > 0 || f.markNext || len(f.tokens) > 0 || f.silent
 }
 
 // take returns the fault for this call of op, consuming a one-call fault.
@@ -132,6 +141,8 @@ func (f *faults) take(op string) faultKind {
 		return faultFail
 	case f.until[op]:
 		return faultFail
+	case f.silent:
+		return faultHang
 	}
 	k := f.once[op]
 	delete(f.once, op)

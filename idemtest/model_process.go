@@ -67,7 +67,13 @@ func (w *world) actRecords(rt *rapid.T) {
 // healed.
 func (w *world) actFault(rt *rapid.T) {
 	ms := w.drawStore(rt)
-	switch rapid.IntRange(0, 3).Draw(rt, "fault") {
+	switch rapid.IntRange(0, 4).Draw(rt, "fault") {
+	case 4:
+		w.hist.note("store %d: the backend goes silent until healed", ms.id)
+		ms.f.goSilent()
+		if w.inFlight() {
+			w.holdAll(forever) // a claim made before may not be settled
+		}
 	case 0:
 		w.hist.note("store %d: the outcome writes of its next claim fail until healed", ms.id)
 		ms.f.failNextClaim()
@@ -95,6 +101,18 @@ func (w *world) actFault(rt *rapid.T) {
 	}
 	w.troubled.Store(true)
 	w.disturbAll()
+}
+
+// inFlight reports whether any key may be held now.
+func (w *world) inFlight() bool {
+	for i := 0; i < modelKeys; i++ {
+		if w.busy(w.key(i)) {
+			return true
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.pins) > 0
 }
 
 // actHeal ends every fault, or only the oldest claim's failing writes.
@@ -259,6 +277,7 @@ func (w *world) quiesce(last bool) {
 // backend's record.
 func (w *world) probe(rt *rapid.T, key string) {
 	ms := w.stores[0]
+	caughtUp := false
 	deadline := time.Now().Add(3*modelSettle + 2*modelLease)
 	for {
 		c := &modelCall{ms: ms, via: "RunOnce", key: key, payload: "p", p: plan{end: "ok"}, timeout: modelSettle}
@@ -267,9 +286,13 @@ func (w *world) probe(rt *rapid.T, key string) {
 			break
 		}
 		if time.Now().After(deadline) {
-			if w.clockHeld() {
-				w.hist.note("%s stays held by a lease the clock step lengthened", key)
-				return
+			if w.clockHeld() && !caughtUp {
+				// A lease the clock step lengthened: the clock catches
+				// up past it, and the key must then answer.
+				w.catchUp()
+				caughtUp = true
+				deadline = time.Now().Add(3*modelSettle + 2*modelLease)
+				continue
 			}
 			w.fail(rt, "%s is still in flight after every fault healed and every owner finished: %v", key, c.err)
 		}
@@ -291,6 +314,19 @@ func (w *world) probe(rt *rapid.T, key string) {
 			w.fail(rt, "%s's record holds %d, which no execution returned", key, r.N)
 		}
 	}
+}
+
+// catchUp steps the clock past every lease it ever granted: leases
+// lapse and outcomes expire, as documented for a clock step forward.
+func (w *world) catchUp() {
+	d := w.clock.untilAhead(3 * modelLease)
+	w.hist.note("the clock catches up: %v", d)
+	w.clock.step(d)
+	w.unpin("")
+	retake := w.opts.RetryInterrupted || w.opts.Resume
+	w.hist.point(permit{why: "the clock stepped past every lease", store: -1, valid: retake})
+	w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true})
+	w.disturbAll()
 }
 
 // record reads key's record from the backend itself.

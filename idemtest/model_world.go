@@ -211,6 +211,15 @@ func (w *world) clockHeld() bool { return w.troubled.Load() && w.steppedBack.Loa
 type steppedClock struct {
 	mu     sync.Mutex
 	offset time.Duration // guarded by mu
+	most   time.Duration // guarded by mu; the largest offset it had
+}
+
+// untilAhead returns the step that puts the clock d past the latest time
+// it ever read.
+func (c *steppedClock) untilAhead(d time.Duration) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.most - c.offset + d
 }
 
 func (c *steppedClock) Now() time.Time {
@@ -222,6 +231,7 @@ func (c *steppedClock) Now() time.Time {
 func (c *steppedClock) step(d time.Duration) {
 	c.mu.Lock()
 	c.offset += d
+	c.most = max(c.most, c.offset)
 	c.mu.Unlock()
 }
 

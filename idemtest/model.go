@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,14 +46,15 @@ func RunModel(t *testing.T, h Harness) {
 	start := time.Now()
 	deadline := start.Add(budget)
 	runs := 0
+	var failing atomic.Bool
 	rapid.Check(t, func(rt *rapid.T) {
-		if runs > 0 && time.Now().After(deadline) {
+		if runs > 0 && time.Now().After(deadline) && !failing.Load() {
 			// The budget is spent: the remaining checks pass at once,
 			// so that rapid ends the run cleanly.
 			return
 		}
 		runs++
-		w := newWorld(t, rt, h)
+		w := newWorld(t, rt, h, &failing)
 		defer w.end()
 		rt.Repeat(w.actions())
 		w.quiesce(true)

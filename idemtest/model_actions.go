@@ -2,6 +2,7 @@ package idemtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
@@ -74,12 +75,14 @@ func (w *world) actions() map[string]func(*rapid.T) {
 // invariant fails the sequence on any violation of the history.
 func (w *world) invariant(rt *rapid.T) {
 	if v := w.hist.judge(); len(v) > 0 {
+		w.failing.Store(true)
 		rt.Fatalf("%s\n\nhistory:\n%s", v[0], w.hist.trace())
 	}
 }
 
 func (w *world) fail(rt *rapid.T, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
+	w.failing.Store(true)
 	w.hist.note("VIOLATION: %s", msg)
 	rt.Fatalf("%s\n\nhistory:\n%s", msg, w.hist.trace())
 }
@@ -134,6 +137,7 @@ func (p plan) blocks() bool {
 // sync makes the call c and judges its answer.
 func (w *world) sync(rt *rapid.T, c *modelCall) {
 	w.hist.note("call %v", c)
+	w.prepare(c)
 	done := make(chan struct{})
 	go func() { // the user's code inside the store may end the goroutine
 		defer close(done)
@@ -144,7 +148,7 @@ func (w *world) sync(rt *rapid.T, c *modelCall) {
 	case <-time.After(c.timeout + 4*modelSettle):
 		w.fail(rt, "%v never returned", c)
 	}
-	w.hist.note("  -> %v, %v (ran %v, took %v)", c.val, c.err, c.ran, c.took.Round(time.Millisecond))
+	w.hist.note("  -> %v, %v (ran %v, took %v)", c.val, c.err, c.ran(), c.took.Round(time.Millisecond))
 	if c.via == "Begin/drop" && !w.anyFault() {
 		runtime.GC() // its finalizer releases the dropped ticket's key
 		w.mu.Lock()
@@ -224,7 +228,7 @@ func (w *world) collect(rt *rapid.T, wait bool) {
 		}
 		select {
 		case <-a.done:
-			w.hist.note("collected %v -> %v, %v (ran %v, took %v)", a.c, a.c.val, a.c.err, a.c.ran, a.c.took.Round(time.Millisecond))
+			w.hist.note("collected %v -> %v, %v (ran %v, took %v)", a.c, a.c.val, a.c.err, a.c.ran(), a.c.took.Round(time.Millisecond))
 			if msg := w.check(a.c); msg != "" {
 				w.fail(rt, "%v: %s", a.c, msg)
 			}
@@ -243,7 +247,7 @@ func (w *world) actForget(rt *rapid.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
 	disturb0, faulted := w.disturbed.Load(), w.anyFault()
-	err := ms.s.Forget(ctx, key)
+	err := w.admin(rt, "Forget", func() error { return ms.s.Forget(ctx, key) })
 	w.hist.close(p, err == nil)
 	w.hist.note("forget %s in store %d -> %v", key, ms.id, err)
 	if err == nil {
@@ -255,13 +259,35 @@ func (w *world) actForget(rt *rapid.T) {
 	w.checkAdmin(rt, "Forget", err, disturb0, faulted, ms)
 }
 
+// errAdminExited is an operator's call whose goroutine the store's user
+// code (its Codec, its Observer) ended.
+var errAdminExited = errors.New("idemtest: the call's goroutine exited")
+
+// admin makes an operator's call on a goroutine of its own, since the
+// user's code inside the store may end it, and bounds its wait.
+func (w *world) admin(rt *rapid.T, op string, call func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		err := errAdminExited
+		defer func() { done <- err }()
+		err = call()
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(modelCallCtx + 4*modelSettle):
+		w.fail(rt, "%s never returned", op)
+		return nil
+	}
+}
+
 // checkAdmin judges the error of an operator's call: a backend error only
 // with a fault.
 func (w *world) checkAdmin(rt *rapid.T, op string, err error, disturb0 int64, faulted bool, ms *modelStore) {
 	if err == nil || faulted || w.disturbed.Load() != disturb0 || w.anyFault() || ms.killed {
 		return
 	}
-	if isAny(err, idem.ErrInProgress, idem.ErrNotInterrupted, idem.ErrFull) {
+	if isAny(err, idem.ErrInProgress, idem.ErrNotInterrupted, idem.ErrFull, errAdminExited) {
 		return
 	}
 	var be *idem.BackendError
@@ -275,7 +301,11 @@ func (w *world) actSweep(rt *rapid.T) {
 	disturb0, faulted := w.disturbed.Load(), w.anyFault()
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
-	n, err := ms.s.Sweep(ctx)
+	var n int
+	err := w.admin(rt, "Sweep", func() (err error) {
+		n, err = ms.s.Sweep(ctx)
+		return err
+	})
 	w.hist.note("sweep in store %d -> %d, %v", ms.id, n, err)
 	w.checkAdmin(rt, "Sweep", err, disturb0, faulted, ms)
 }
@@ -301,7 +331,7 @@ func (w *world) actClock(rt *rapid.T) {
 	// that seemed to lapse lets another store take the key.
 	retake := w.opts.RetryInterrupted || w.opts.Resume
 	w.hist.point(permit{why: "the clock stepped past every lease", store: -1, valid: retake})
-	w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true})
+	w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true, at: w.clock.Now()})
 }
 
 func (w *world) actSleep(rt *rapid.T) {
@@ -321,6 +351,7 @@ func (w *world) actMisbehave(rt *rapid.T) {
 		m = misPanic
 	}
 	w.hist.note("store %d's %s will %v once", ms.id, where, m)
+	ms.disturbs.Add(1)
 	w.holdAll(forever) // an outcome it could not encode is held unrecorded
 	w.troubled.Store(true)
 	ms.u.mu.Lock()

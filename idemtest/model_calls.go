@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/seed094d4201/idem"
@@ -13,18 +15,20 @@ import (
 
 // A modelCall is one call of a key, as the driver made it and as it ended.
 type modelCall struct {
-	ms       *modelStore
-	via      string // "RunOnce", or "Begin" and how the ticket ends: "finish", "release", "drop"
-	key      string
-	payload  string
-	p        plan
-	timeout  time.Duration
-	disturb0 int64 // the world's disturbance count when the call started
-	faulted  bool  // a fault was planned when it started
-	busy0    bool  // something held its key when it started
-	pin      *pin  // the outcome its store held unrecorded when it started
+	ms            *modelStore
+	via           string // "RunOnce", or "Begin" and how the ticket ends: "finish", "release", "drop"
+	key           string
+	payload       string
+	p             plan
+	timeout       time.Duration
+	disturb0      int64 // the world's disturbance count when the call started
+	faulted       bool  // a fault was planned for its store when it started
+	storeDisturb0 int64 // its store's disturbance count when it started
+	seq0          int   // the history's clock when it started
+	busy0         bool  // something held its key when it started
+	pin           *pin  // the outcome its store held unrecorded when it started
 
-	ran     bool // this call's fn ran (an execution of its own)
+	exec    atomic.Pointer[execEvent] // this call's own execution, once its fn runs (on the store's goroutine)
 	val     receipt
 	err     error
 	exited  bool // the call's goroutine ended with runtime.Goexit
@@ -42,23 +46,43 @@ type asyncCall struct {
 	done chan struct{}
 }
 
+// ran reports whether the call's own fn ran.
+func (c *modelCall) ran() bool { return c.exec.Load() != nil }
+
+// ownID is the id of the call's own execution, or 0.
+func (c *modelCall) ownID() int {
+	if e := c.exec.Load(); e != nil {
+		return e.id
+	}
+	return 0
+}
+
+// prepare notes, on the driver's goroutine, what the model knew when the
+// call c started.
+func (w *world) prepare(c *modelCall) {
+	c.seq0 = w.hist.now()
+	w.mu.Lock()
+	if w.tried[c.key] == nil {
+		w.tried[c.key] = map[string]bool{}
+	}
+	w.tried[c.key][c.payload] = true // a claim with it may land, run or not
+	w.mu.Unlock()
+	c.disturb0 = w.disturbed.Load()
+	c.storeDisturb0 = c.ms.disturbs.Load()
+	c.faulted = c.ms.f.active() || c.ms.u.pending()
+	c.busy0 = w.busy(c.key)
+	if p, ok := w.pinOf(c.key); ok && p.store == c.ms.id && p.payload == c.payload {
+		c.pin = &p
+	}
+}
+
 // do makes the call c on this goroutine and fills in how it ended. A
 // panic out of it (Begin's fn panics on up the caller's stack, as
 // documented) is how the call ended; a Goexit too.
 func (w *world) do(c *modelCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	c.disturb0 = w.disturbed.Load()
-	c.faulted = w.anyFault()
-	c.busy0 = w.busy(c.key)
-	if p, ok := w.pinOf(c.key); ok && p.store == c.ms.id && p.payload == c.payload {
-		c.pin = &p
-	}
-	fn := w.fn(c.ms, c.key, c.payload, c.p)
-	ran := func(ctx context.Context) (receipt, error) {
-		c.ran = true
-		return fn(ctx)
-	}
+	ran := w.fn(c.ms, c.key, c.payload, c.p, &c.exec)
 	start := time.Now()
 	returned := false
 	defer func() {
@@ -98,13 +122,15 @@ func (w *world) do(c *modelCall) {
 	case "release":
 		defer tk.Release() // a panic in fn releases the key, and goes on up
 		v, err := ran(tk.Context())
+		p := w.hist.open(permit{why: "ticket released", key: c.key, store: -1, exec: c.ownID()})
 		tk.Release()
-		w.hist.point(permit{why: "ticket released", key: c.key, store: -1, valid: true})
+		w.hist.close(p, true)
 		c.val, c.err = v, err
 	case "drop": // the ticket is garbage; its finalizer releases the key
 		w.hold(c.key, forever) // until the garbage collector runs
 		v, err := ran(tk.Context())
-		w.hist.point(permit{why: "ticket dropped", key: c.key, store: -1, valid: true})
+		w.hist.point(permit{why: "ticket dropped", key: c.key, store: -1, valid: true, exec: c.ownID()})
+		runtime.KeepAlive(tk) // not collected while its work runs
 		c.val, c.err = v, err
 	}
 	returned = true
@@ -112,6 +138,7 @@ func (w *world) do(c *modelCall) {
 
 // async makes the call c on a goroutine of its own.
 func (w *world) async(c *modelCall) {
+	w.prepare(c)
 	a := &asyncCall{c: c, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
@@ -124,11 +151,14 @@ func (w *world) async(c *modelCall) {
 // returns what is wrong, if anything.
 func (w *world) check(c *modelCall) string {
 	busy := w.busy(c.key)
-	disturbed := c.faulted || w.disturbed.Load() != c.disturb0 || w.anyFault() || c.ms.killed || c.ms.closed.Load()
+	// storeDisturbed: something was wrong with the call's own store (a
+	// fault, its user code, its death): the backend errors it may give.
+	storeDisturbed := c.faulted || c.ms.disturbs.Load() != c.storeDisturb0 || c.ms.f.active() || c.ms.u.pending() || c.ms.killed || c.ms.closed.Load()
+	disturbed := storeDisturbed || w.disturbed.Load() != c.disturb0
 	if c.bounded > c.timeout+modelSlack {
 		return fmt.Sprintf("took %v, %v of it past the caller's %v ctx", c.took, c.bounded-c.timeout, c.timeout)
 	}
-	oks, finals, execs := w.hist.outcomes(c.key)
+	oks, finals, execs := w.hist.outcomes(c.key, c.seq0)
 	w.mu.Lock()
 	for v := range w.resolved[c.key] {
 		oks[v] = true
@@ -137,8 +167,8 @@ func (w *world) check(c *modelCall) string {
 	w.mu.Unlock()
 	err := c.err
 	if p := c.pin; p != nil {
-		if _, still := w.pinOf(c.key); still && (c.ran || c.val.N != p.value) {
-			return fmt.Sprintf("store %d held %d unrecorded for the key, yet answered %d, %v (ran %v)", p.store, p.value, c.val.N, err, c.ran)
+		if _, still := w.pinOf(c.key); still && (c.ran() || c.val.N != p.value) {
+			return fmt.Sprintf("store %d held %d unrecorded for the key, yet answered %d, %v (ran %v)", p.store, p.value, c.val.N, err, c.ran())
 		}
 	}
 	if c.exited {
@@ -174,8 +204,18 @@ func (w *world) check(c *modelCall) string {
 				w.mu.Unlock()
 			}
 		}
-		if c.ran && strings.HasPrefix(c.via, "Begin/") && c.via != "Begin/finish" {
+		if c.ran() && strings.HasPrefix(c.via, "Begin/") && c.via != "Begin/finish" {
 			return "" // the caller's own fn's answer, not the store's
+		}
+		if e := c.exec.Load(); e != nil {
+			if outcome, value := w.hist.ended(e); outcome == "ok" && c.val.N != value {
+				return fmt.Sprintf("ran its own fn, which returned %d, but answered %d", value, c.val.N)
+			}
+		}
+		if err == nil && !disturbed {
+			w.mu.Lock()
+			delete(w.mayInterrupt, c.key) // it completed; only a new disturbance interrupts it
+			w.mu.Unlock()
 		}
 		if !oks[c.val.N] {
 			return fmt.Sprintf("succeeded with %d, which no execution of the key returned (successes %v)", c.val.N, oks)
@@ -185,9 +225,10 @@ func (w *world) check(c *modelCall) string {
 			return fmt.Sprintf("another key's error: %v", err)
 		}
 	case errors.Is(err, idem.ErrPayloadMismatch):
-		ps := w.hist.payloads(c.key)
-		delete(ps, c.payload)
-		if len(ps) == 0 {
+		w.mu.Lock()
+		other := len(w.tried[c.key]) > 1 || !w.tried[c.key][c.payload]
+		w.mu.Unlock()
+		if !other {
 			return "ErrPayloadMismatch, but the key never ran with another payload"
 		}
 	case errors.Is(err, idem.ErrInProgress):
@@ -195,7 +236,7 @@ func (w *world) check(c *modelCall) string {
 			return "ErrInProgress, but nothing held the key: " + err.Error()
 		}
 	case errors.Is(err, idem.ErrOutcomeUnknown):
-		if !mayInterrupt {
+		if !mayInterrupt || w.b == nil {
 			return "ErrOutcomeUnknown, but no owner of the key died or lost its claim"
 		}
 	case errors.Is(err, idem.ErrFull):
@@ -207,7 +248,7 @@ func (w *world) check(c *modelCall) string {
 			return fmt.Sprintf("a panic no execution of the key made: %v", pe.Value)
 		}
 	case errors.As(err, &be) || errors.Is(err, idem.ErrClosed):
-		if !disturbed {
+		if !storeDisturbed {
 			return "a backend error with no fault: " + err.Error()
 		}
 	case strings.Contains(err.Error(), "Goexit") || strings.Contains(err.Error(), "exited its goroutine"):
@@ -215,8 +256,14 @@ func (w *world) check(c *modelCall) string {
 			return "a Goexit no execution made: " + err.Error()
 		}
 	case strings.HasPrefix(err.Error(), "panicked: "):
-		if !panicked && !disturbed {
-			return err.Error()
+		// Only Begin's own fn panics on up its caller's stack; nothing
+		// else may let a panic out of the library.
+		e := c.exec.Load()
+		if e == nil || !strings.HasPrefix(c.via, "Begin/") {
+			return "a panic escaped the store: " + err.Error()
+		}
+		if outcome, _ := w.hist.ended(e); outcome != "panic" {
+			return "a panic escaped the store: " + err.Error()
 		}
 	case strings.Contains(err.Error(), "released before it finished") || strings.Contains(err.Error(), "dropped without Finish"):
 		// a Begin owner released or dropped its ticket, and this call

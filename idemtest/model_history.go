@@ -2,9 +2,11 @@ package idemtest
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // A history is what happened to the model's keys, in the order it
@@ -30,11 +32,18 @@ type execEvent struct {
 	store    int
 	payload  string
 	start    int
-	end      int    // 0 while it runs
-	outcome  string // "ok", "final", "fail", "panic", "goexit"; "" while it runs
-	value    int    // its success's value
-	finalErr string // its final error's message
-	leftStep bool   // it ended with at least one step recorded
+	end      int       // 0 while it runs
+	outcome  string    // "ok", "final", "fail", "panic", "goexit"; "" while it runs
+	value    int       // its success's value
+	finalErr string    // its final error's message
+	endAt    time.Time // the stores' clock when it ended
+	leftStep bool      // it ended with at least one step recorded
+}
+
+// expired reports whether an expiry permit p ends e's outcome: e
+// completed before it, a TTL or more before the clock p read.
+func (p *permit) expired(e *execEvent) bool {
+	return e.completedBy(p.from) && !e.endAt.Add(modelTTL).After(p.at)
 }
 
 // completedBy reports whether e ended with a final outcome before seq.
@@ -53,12 +62,17 @@ type permit struct {
 	pending  bool // a window whose validity is not known yet
 	valid    bool
 	// completed: the permit ends an epoch only for an execution that
-	// ended with a final outcome before it (an expiry).
+	// ended with a final outcome before it, and at least a TTL before
+	// the stores' clock read at (an expiry).
 	completed bool
+	at        time.Time
 	resets    bool // the record is gone: recorded steps may run again
 	// death: the store died; its executions, even those its goroutines
 	// start after (the claim was made before), may be taken over.
 	death bool
+	// exec, if not 0: the permit is that execution's end (its failure,
+	// its ticket's release), and lets only a key it held run again.
+	exec int
 }
 
 type stepID struct{ key, name string }
@@ -70,6 +84,13 @@ type stepRecord struct {
 
 func newHistory() *history {
 	return &history{execs: make(map[string][]*execEvent), steps: make(map[stepID]stepRecord)}
+}
+
+// now returns the history's clock.
+func (h *history) now() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.seq
 }
 
 func (h *history) tick() int {
@@ -100,14 +121,30 @@ func (h *history) startExec(id int, key string, store int, payload string) *exec
 
 // endExec records how an execution ended; an end other than a final
 // outcome is a failure before commit, which ends the key's epoch.
-func (h *history) endExec(e *execEvent, outcome string, leftStep bool) {
+func (h *history) endExec(e *execEvent, outcome string, leftStep bool, value int, finalErr string, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	e.end, e.outcome, e.leftStep = h.tick(), outcome, leftStep
+	e.end, e.outcome, e.leftStep, e.value, e.finalErr, e.endAt = h.tick(), outcome, leftStep, value, finalErr, at
 	h.noteLocked("exec %d of %s ends: %s", e.id, e.key, outcome)
 	if outcome != "ok" && outcome != "final" {
-		h.permits = append(h.permits, &permit{why: "exec " + fmt.Sprint(e.id) + " failed", key: e.key, store: -1, from: e.end, to: e.end, valid: true})
+		h.permits = append(h.permits, &permit{why: "exec " + fmt.Sprint(e.id) + " failed", key: e.key, store: -1, from: e.end, to: e.end, valid: true, exec: e.id})
 	}
+}
+
+// ended returns how e ended so far ("" while it runs) and its value.
+func (h *history) ended(e *execEvent) (outcome string, value int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return e.outcome, e.value
+}
+
+// lost records that e's lease was lost: another owner may have taken its
+// key from any time since e began.
+func (h *history) lost(e *execEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.permits = append(h.permits, &permit{why: fmt.Sprintf("exec %d lost its lease", e.id), key: e.key, store: -1, from: e.start, to: h.tick(), valid: true, exec: e.id})
+	h.noteLocked("exec %d of %s lost its lease", e.id, e.key)
 }
 
 // point records a permit that holds from now on.
@@ -140,13 +177,13 @@ func (h *history) close(p *permit, valid bool) {
 // allows reports whether p lets next run after prev, and whether that is
 // still undecided.
 func (p *permit) allows(prev, next *execEvent) (ok, undecided bool) {
-	if p.key != "" && p.key != prev.key || p.store >= 0 && p.store != prev.store {
+	if p.key != "" && p.key != prev.key || p.store >= 0 && p.store != prev.store || p.exec != 0 && p.exec != prev.id {
 		return false, false
 	}
 	if p.from > next.start || !p.death && p.to >= 0 && p.to < prev.start {
 		return false, false
 	}
-	if p.completed && !prev.completedBy(p.from) {
+	if p.completed && !p.expired(prev) {
 		return false, false
 	}
 	return p.valid, p.pending
@@ -202,7 +239,7 @@ func (h *history) stepRuns(key, name string, exec int) {
 		return
 	}
 	for _, p := range h.permits {
-		if p.valid && p.resets && (p.key == "" || p.key == key) && p.from > rec.seq && (!p.completed || h.completedLocked(key, p.from)) {
+		if p.valid && p.resets && (p.key == "" || p.key == key) && p.from > rec.seq && (!p.completed || h.expiredLocked(key, p)) {
 			return
 		}
 	}
@@ -211,11 +248,11 @@ func (h *history) stepRuns(key, name string, exec int) {
 	h.errs = append(h.errs, msg)
 }
 
-// completedLocked reports whether an execution of key ended with a final
-// outcome before seq: its record, steps and all, may expire.
-func (h *history) completedLocked(key string, seq int) bool {
+// expiredLocked reports whether the expiry p ends an outcome of key: its
+// record, steps and all, is gone.
+func (h *history) expiredLocked(key string, p *permit) bool {
 	for _, e := range h.execs[key] {
-		if e.completedBy(seq) {
+		if p.expired(e) {
 			return true
 		}
 	}
@@ -241,13 +278,26 @@ func (h *history) stepDone(key, name string, value int, ran, recorded bool) {
 	}
 }
 
-// successes returns the values key's executions succeeded with.
-func (h *history) outcomes(key string) (oks map[int]bool, finals map[string]bool, execs map[int]string) {
+// outcomes returns the outcomes key's executions ended with that a call
+// which started at seq may replay: those no Forget or expiry ended
+// before it started.
+func (h *history) outcomes(key string, seq int) (oks map[int]bool, finals map[string]bool, execs map[int]string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	var gone []*permit // Forgets and expiries before the call
+	for _, p := range h.permits {
+		if p.valid && p.resets && (p.key == "" || p.key == key) && p.to >= 0 && p.to < seq {
+			gone = append(gone, p)
+		}
+	}
 	oks, finals, execs = map[int]bool{}, map[string]bool{}, map[int]string{}
 	for _, e := range h.execs[key] {
 		execs[e.id] = e.outcome
+		if slices.ContainsFunc(gone, func(p *permit) bool {
+			return e.end != 0 && e.end < p.from && (!p.completed || p.expired(e))
+		}) {
+			continue
+		}
 		switch e.outcome {
 		case "ok":
 			oks[e.value] = true
@@ -256,17 +306,6 @@ func (h *history) outcomes(key string) (oks map[int]bool, finals map[string]bool
 		}
 	}
 	return oks, finals, execs
-}
-
-// payloads returns the payloads key ran with.
-func (h *history) payloads(key string) map[string]bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := map[string]bool{}
-	for _, e := range h.execs[key] {
-		out[e.payload] = true
-	}
-	return out
 }
 
 // running reports whether an execution of key has not ended.

@@ -39,7 +39,7 @@ func (w *world) actResolve(rt *rapid.T) {
 	disturb0, faulted := w.disturbed.Load(), w.anyFault()
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
-	err := ms.s.Resolve(ctx, key, receipt{N: v}, nil)
+	err := w.admin(rt, "Resolve", func() error { return ms.s.Resolve(ctx, key, receipt{N: v}, nil) })
 	w.hist.note("resolve %s in store %d with %d -> %v", key, ms.id, v, err)
 	w.checkAdmin(rt, "Resolve", err, disturb0, faulted, ms)
 }
@@ -51,13 +51,19 @@ func (w *world) actRecords(rt *rapid.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
 	n := 0
-	for _, err := range ms.s.Records(ctx) {
-		if err != nil {
-			w.hist.note("records in store %d -> %v", ms.id, err)
-			w.checkAdmin(rt, "Records", err, disturb0, faulted, ms)
-			return
+	err := w.admin(rt, "Records", func() error {
+		for _, err := range ms.s.Records(ctx) {
+			if err != nil {
+				return err
+			}
+			n++
 		}
-		n++
+		return nil
+	})
+	if err != nil {
+		w.hist.note("records in store %d -> %v", ms.id, err)
+		w.checkAdmin(rt, "Records", err, disturb0, faulted, ms)
+		return
 	}
 	w.hist.note("records in store %d: %d", ms.id, n)
 }
@@ -67,6 +73,7 @@ func (w *world) actRecords(rt *rapid.T) {
 // healed.
 func (w *world) actFault(rt *rapid.T) {
 	ms := w.drawStore(rt)
+	ms.disturbs.Add(1)
 	switch rapid.IntRange(0, 4).Draw(rt, "fault") {
 	case 4:
 		w.hist.note("store %d: the backend goes silent until healed", ms.id)
@@ -130,6 +137,7 @@ func (w *world) actHeal(rt *rapid.T) {
 func (w *world) heal() {
 	w.hist.note("every fault heals")
 	for _, ms := range w.stores {
+		ms.disturbs.Add(1)
 		ms.f.heal()
 		ms.u.mu.Lock()
 		ms.u.marshal, ms.u.observer = behave, behave
@@ -150,6 +158,7 @@ func (w *world) heal() {
 func (w *world) kill(i int, why string) {
 	old := w.stores[i]
 	old.f.kill()
+	old.disturbs.Add(1)
 	old.killed = true
 	w.unpinStore(old.id)
 	w.dead = append(w.dead, old)
@@ -306,7 +315,7 @@ func (w *world) probe(rt *rapid.T, key string) {
 		if err := json.Unmarshal(rec.Value, &r); err != nil {
 			w.fail(rt, "%s's record holds %q: %v", key, rec.Value, err)
 		}
-		oks, _, _ := w.hist.outcomes(key)
+		oks, _, _ := w.hist.outcomes(key, w.hist.now())
 		w.mu.Lock()
 		resolved := w.resolved[key][r.N]
 		w.mu.Unlock()
@@ -325,7 +334,7 @@ func (w *world) catchUp() {
 	w.unpin("")
 	retake := w.opts.RetryInterrupted || w.opts.Resume
 	w.hist.point(permit{why: "the clock stepped past every lease", store: -1, valid: retake})
-	w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true})
+	w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true, at: w.clock.Now()})
 	w.disturbAll()
 }
 

@@ -32,10 +32,11 @@ const (
 // A world is one sequence of the model: the stores under test, their
 // fault plans, the clock, the calls in flight and the history.
 type world struct {
-	t  *testing.T
-	rt *rapid.T
-	h  Harness
-	b  backend.Backend // nil for memory only
+	t       *testing.T
+	rt      *rapid.T
+	failing *atomic.Bool // a failure was found: rapid is shrinking it
+	h       Harness
+	b       backend.Backend // nil for memory only
 
 	name   string // this sequence's key prefix
 	clock  *steppedClock
@@ -56,12 +57,13 @@ type world struct {
 	// mayInterrupt: a key some disturbance may have left interrupted
 	// (ErrOutcomeUnknown is then a documented answer).
 	mu           sync.Mutex
-	mayInterrupt map[string]bool         // guarded by mu
-	panicked     map[string]bool         // guarded by mu; keys an execution or hook panicked in
-	exited       map[string]bool         // guarded by mu; keys an execution or hook Goexited in
-	resolved     map[string]map[int]bool // guarded by mu; the values an operator gave each key
-	heldUntil    map[string]time.Time    // guarded by mu; until when something may hold a key (model_busy.go)
-	pins         map[string]pin          // guarded by mu; outcomes a store holds unrecorded
+	mayInterrupt map[string]bool            // guarded by mu
+	panicked     map[string]bool            // guarded by mu; keys an execution or hook panicked in
+	exited       map[string]bool            // guarded by mu; keys an execution or hook Goexited in
+	resolved     map[string]map[int]bool    // guarded by mu; the values an operator gave each key
+	heldUntil    map[string]time.Time       // guarded by mu; until when something may hold a key (model_busy.go)
+	pins         map[string]pin             // guarded by mu; outcomes a store holds unrecorded
+	tried        map[string]map[string]bool // guarded by mu; the payloads each key was called with
 
 	renewing []*permit     // the windows of renew outages not yet healed
 	dead     []*modelStore // killed stores, closed at the end
@@ -76,13 +78,16 @@ type modelStore struct {
 	u      *userCode
 	killed bool        // its process is dead: its backend calls are refused
 	closed atomic.Bool // Close was called
+	// disturbs counts what went wrong with this store: faults planned
+	// and healed, misbehaviour, its death.
+	disturbs atomic.Int64
 }
 
 var sequences atomic.Int64
 
-func newWorld(t *testing.T, rt *rapid.T, h Harness) *world {
+func newWorld(t *testing.T, rt *rapid.T, h Harness, failing *atomic.Bool) *world {
 	w := &world{
-		t: t, rt: rt, h: h,
+		t: t, rt: rt, h: h, failing: failing,
 		name:         fmt.Sprintf("m%d-%d", time.Now().UnixNano()%1e6, sequences.Add(1)),
 		clock:        &steppedClock{},
 		hist:         newHistory(),
@@ -92,6 +97,7 @@ func newWorld(t *testing.T, rt *rapid.T, h Harness) *world {
 		resolved:     map[string]map[int]bool{},
 		heldUntil:    map[string]time.Time{},
 		pins:         map[string]pin{},
+		tried:        map[string]map[string]bool{},
 	}
 	if h.Backend != nil {
 		w.b = sharedBackend(t, h)
@@ -204,7 +210,9 @@ func (w *world) anyFault() bool {
 // clockHeld reports whether a claim left to lapse may look live for as
 // long as a clock step back: it keeps the lease it had, by a clock that
 // now reads earlier, as documented for Options.Now.
-func (w *world) clockHeld() bool { return w.troubled.Load() && w.steppedBack.Load() }
+func (w *world) clockHeld() bool {
+	return w.b != nil && w.troubled.Load() && w.steppedBack.Load() && w.clock.behind()
+}
 
 // steppedClock is the real clock plus an offset that steps move, as NTP
 // steps a host's wall clock: time passes, and jumps.
@@ -212,6 +220,14 @@ type steppedClock struct {
 	mu     sync.Mutex
 	offset time.Duration // guarded by mu
 	most   time.Duration // guarded by mu; the largest offset it had
+}
+
+// behind reports whether the clock reads earlier than it once did: a
+// lease it granted then may still lie ahead.
+func (c *steppedClock) behind() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.offset < c.most
 }
 
 // untilAhead returns the step that puts the clock d past the latest time
@@ -269,23 +285,24 @@ func (p plan) String() string { return fmt.Sprintf("steps %v then %s", p.steps, 
 
 // fn returns the work of one call: an execution of key in store ms that
 // reports itself to the history and does what p says.
-func (w *world) fn(ms *modelStore, key, payload string, p plan) work {
+func (w *world) fn(ms *modelStore, key, payload string, p plan, started *atomic.Pointer[execEvent]) work {
 	return func(ctx context.Context) (receipt, error) {
 		id := int(w.nextID.Add(1))
 		e := w.hist.startExec(id, key, ms.id, payload)
+		started.Store(e)
 		stop := w.watchLease(ctx, e)
 		defer stop()
-		outcome, leftStep := "goexit", false
+		outcome, leftStep, value, finalErr := "goexit", false, 0, ""
 		defer func() {
 			if v := recover(); v != nil {
 				w.flag(w.panicked, key)
-				w.hist.endExec(e, "panic", leftStep)
+				w.hist.endExec(e, "panic", leftStep, 0, "", w.clock.Now())
 				panic(v)
 			}
 			if outcome == "goexit" {
 				w.flag(w.exited, key)
 			}
-			w.hist.endExec(e, outcome, leftStep)
+			w.hist.endExec(e, outcome, leftStep, value, finalErr, w.clock.Now())
 		}()
 		for i, s := range p.steps {
 			name := fmt.Sprintf("s%d", i)
@@ -301,7 +318,7 @@ func (w *world) fn(ms *modelStore, key, payload string, p plan) work {
 			if err != nil {
 				outcome = "fail"
 				if idem.IsFinal(err) {
-					outcome, e.finalErr = "final", err.Error()
+					outcome, finalErr = "final", err.Error()
 				}
 				return receipt{}, err
 			}
@@ -309,10 +326,9 @@ func (w *world) fn(ms *modelStore, key, payload string, p plan) work {
 		v, err := w.behave(ctx, key, p.end, id, e)
 		switch {
 		case err == nil:
-			e.value = v
-			outcome = "ok"
+			outcome, value = "ok", v
 		case idem.IsFinal(err):
-			outcome, e.finalErr = "final", err.Error()
+			outcome, finalErr = "final", err.Error()
 		default:
 			outcome = "fail"
 		}
@@ -359,7 +375,9 @@ func (w *world) watchLease(ctx context.Context, e *execEvent) (stop func()) {
 		select {
 		case <-ctx.Done():
 			if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
-				w.hist.point(permit{why: fmt.Sprintf("exec %d lost its lease", e.id), key: e.key, store: e.store, valid: true})
+				// The lease may have lapsed at any time since the
+				// execution began: this goroutine may run late.
+				w.hist.lost(e)
 			}
 		case <-done:
 		}

@@ -309,6 +309,7 @@ func TestContractCluster(t *testing.T) {
 // TestModelCluster drives two stores with idemtest's random model against
 // a real Redis Cluster, on its servers' TIME.
 func TestModelCluster(t *testing.T) {
+	t.Parallel() // beside the other model run, a minute of wall time instead of two
 	rdb := testClusterClient(t)
 	idemtest.RunModel(t, idemtest.Harness{
 		Backend:     func(t *testing.T) backend.Backend { return testClusterBackend(t, rdb) },

@@ -68,6 +68,7 @@ func TestContract(t *testing.T) {
 // TestModel drives two stores under one prefix with idemtest's random
 // model, on the server's TIME.
 func TestModel(t *testing.T) {
+	t.Parallel() // beside the other model run, a minute of wall time instead of two
 	rdb := testClient(t)
 	idemtest.RunModel(t, idemtest.Harness{
 		Backend:     func(t *testing.T) backend.Backend { return testBackend(t, rdb) },

@@ -279,14 +279,15 @@ func (h *history) stepDone(key, name string, value int, ran, recorded bool) {
 }
 
 // outcomes returns the outcomes key's executions ended with that a call
-// which started at seq may replay: those no Forget or expiry ended
-// before it started.
+// which started at seq may replay: those no Forget ended before it
+// started. An expired outcome may still replay: until it is swept or the
+// key runs again, a clock stepped back makes it live again.
 func (h *history) outcomes(key string, seq int) (oks map[int]bool, finals map[string]bool, execs map[int]string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var gone []*permit // Forgets and expiries before the call
+	var gone []*permit // Forgets before the call
 	for _, p := range h.permits {
-		if p.valid && p.resets && (p.key == "" || p.key == key) && p.to >= 0 && p.to < seq {
+		if p.valid && p.resets && !p.completed && (p.key == "" || p.key == key) && p.to >= 0 && p.to < seq {
 			gone = append(gone, p)
 		}
 	}
@@ -294,7 +295,7 @@ func (h *history) outcomes(key string, seq int) (oks map[int]bool, finals map[st
 	for _, e := range h.execs[key] {
 		execs[e.id] = e.outcome
 		if slices.ContainsFunc(gone, func(p *permit) bool {
-			return e.end != 0 && e.end < p.from && (!p.completed || p.expired(e))
+			return e.end != 0 && e.end < p.from
 		}) {
 			continue
 		}

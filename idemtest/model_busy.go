@@ -69,7 +69,14 @@ func (w *world) busy(key string) bool {
 			return true
 		}
 	}
-	return time.Now().Before(w.heldUntil[key])
+	return time.Now().Before(w.heldUntil[key]) || w.heldByLocked(key)
+}
+
+// heldByLocked reports whether a live store holds key's outcome, which it
+// could not encode, until it closes.
+func (w *world) heldByLocked(key string) bool {
+	ms := w.heldBy[key]
+	return ms != nil && !ms.killed && !ms.closed.Load()
 }
 
 // A pin is an outcome a store holds in memory unrecorded: it replays it to

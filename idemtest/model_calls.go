@@ -196,6 +196,13 @@ func (w *world) check(c *modelCall) string {
 			// its background write lands, after a heal.)
 			return "an outcome not recorded with no fault: " + err.Error()
 		}
+		if err != nil && (strings.Contains(err.Error(), "Codec") || strings.Contains(err.Error(), "Goexit")) {
+			// An outcome that could not be encoded is held, its lease
+			// renewed, until its store closes: documented.
+			w.mu.Lock()
+			w.heldBy[c.key] = c.ms
+			w.mu.Unlock()
+		}
 		if err != nil {
 			w.hold(c.key, forever) // until it is recorded, after a heal
 			if !c.ms.killed && !c.ms.closed.Load() && !strings.HasPrefix(c.via, "Begin/") || c.via == "Begin/finish" {

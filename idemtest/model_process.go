@@ -294,6 +294,13 @@ func (w *world) probe(rt *rapid.T, key string) {
 		if c.err == nil || !isAny(c.err, idem.ErrInProgress) {
 			break
 		}
+		w.mu.Lock()
+		held := w.heldByLocked(key)
+		w.mu.Unlock()
+		if held {
+			w.hist.note("%s is held until its store closes: its outcome could not be encoded", key)
+			break
+		}
 		if time.Now().After(deadline) {
 			if w.clockHeld() && !caughtUp {
 				// A lease the clock step lengthened: the clock catches

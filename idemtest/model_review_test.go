@@ -31,6 +31,7 @@ func r19World(t *testing.T) *world {
 		heldUntil:    map[string]time.Time{},
 		pins:         map[string]pin{},
 		tried:        map[string]map[string]bool{},
+		heldBy:       map[string]*modelStore{},
 		failing:      new(atomic.Bool),
 	}
 	w.opts = idem.Options{TTL: modelTTL, SweepInterval: -1, Now: w.clock.Now}

@@ -64,6 +64,7 @@ type world struct {
 	heldUntil    map[string]time.Time       // guarded by mu; until when something may hold a key (model_busy.go)
 	pins         map[string]pin             // guarded by mu; outcomes a store holds unrecorded
 	tried        map[string]map[string]bool // guarded by mu; the payloads each key was called with
+	heldBy       map[string]*modelStore     // guarded by mu; the store that holds a key's unencodable outcome until it closes
 
 	renewing []*permit     // the windows of renew outages not yet healed
 	dead     []*modelStore // killed stores, closed at the end
@@ -98,6 +99,7 @@ func newWorld(t *testing.T, rt *rapid.T, h Harness, failing *atomic.Bool) *world
 		heldUntil:    map[string]time.Time{},
 		pins:         map[string]pin{},
 		tried:        map[string]map[string]bool{},
+		heldBy:       map[string]*modelStore{},
 	}
 	if h.Backend != nil {
 		w.b = sharedBackend(t, h)

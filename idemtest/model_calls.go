@@ -26,6 +26,7 @@ type modelCall struct {
 	storeDisturb0 int64 // its store's disturbance count when it started
 	seq0          int   // the history's clock when it started
 	busy0         bool  // something held its key when it started
+	mayInterrupt0 bool  // its key may have been interrupted when it started
 	pin           *pin  // the outcome its store held unrecorded when it started
 
 	exec    atomic.Pointer[execEvent] // this call's own execution, once its fn runs (on the store's goroutine)
@@ -71,6 +72,9 @@ func (w *world) prepare(c *modelCall) {
 	c.storeDisturb0 = c.ms.disturbs.Load()
 	c.faulted = c.ms.f.active() || c.ms.u.pending()
 	c.busy0 = w.busy(c.key)
+	w.mu.Lock()
+	c.mayInterrupt0 = w.mayInterrupt[c.key]
+	w.mu.Unlock()
 	if p, ok := w.pinOf(c.key); ok && p.store == c.ms.id && p.payload == c.payload {
 		c.pin = &p
 	}
@@ -163,7 +167,7 @@ func (w *world) check(c *modelCall) string {
 	for v := range w.resolved[c.key] {
 		oks[v] = true
 	}
-	mayInterrupt, panicked, exited := w.mayInterrupt[c.key], w.panicked[c.key], w.exited[c.key]
+	mayInterrupt, panicked, exited := w.mayInterrupt[c.key] || c.mayInterrupt0, w.panicked[c.key], w.exited[c.key]
 	w.mu.Unlock()
 	err := c.err
 	if p := c.pin; p != nil {

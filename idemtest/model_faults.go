@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
@@ -19,14 +20,15 @@ import (
 type faultKind int
 
 const (
-	faultNone faultKind = iota
-	faultFail           // the call fails before it reaches the backend
-	faultLose           // the call lands, its reply is lost
-	faultHang           // the call waits for its ctx, then fails unsent (a silent server)
+	faultNone   faultKind = iota
+	faultFail             // the call fails before it reaches the backend
+	faultLose             // the call lands, its reply is lost
+	faultHang             // the call waits for its ctx, then fails unsent (a refused dial)
+	faultSilent           // the call waits for its ctx, then fails as a timeout: it may have landed
 )
 
 func (k faultKind) String() string {
-	return [...]string{"none", "fail", "lose", "hang"}[k]
+	return [...]string{"none", "fail", "lose", "hang", "silent"}[k]
 }
 
 var (
@@ -142,7 +144,7 @@ func (f *faults) take(op string) faultKind {
 	case f.until[op]:
 		return faultFail
 	case f.silent:
-		return faultHang
+		return faultSilent
 	}
 	k := f.once[op]
 	delete(f.once, op)
@@ -164,6 +166,9 @@ func (f *faults) before(ctx context.Context, op string) (faultKind, error) {
 	case faultHang:
 		<-ctx.Done()
 		return k, backend.Refuse(errInjected)
+	case faultSilent:
+		<-ctx.Done()
+		return k, fmt.Errorf("idemtest: a silent server: %w", ctx.Err())
 	}
 	return k, nil
 }

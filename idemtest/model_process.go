@@ -78,9 +78,7 @@ func (w *world) actFault(rt *rapid.T) {
 	case 4:
 		w.hist.note("store %d: the backend goes silent until healed", ms.id)
 		ms.f.goSilent()
-		if w.inFlight() {
-			w.holdAll(forever) // a claim made before may not be settled
-		}
+		w.holdAll(forever) // nothing lands, but no call can tell
 	case 0:
 		w.hist.note("store %d: the outcome writes of its next claim fail until healed", ms.id)
 		ms.f.failNextClaim()

@@ -108,18 +108,6 @@ func (w *world) actFault(rt *rapid.T) {
 	w.disturbAll()
 }
 
-// inFlight reports whether any key may be held now.
-func (w *world) inFlight() bool {
-	for i := 0; i < modelKeys; i++ {
-		if w.busy(w.key(i)) {
-			return true
-		}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.pins) > 0
-}
-
 // actHeal ends every fault, or only the oldest claim's failing writes.
 func (w *world) actHeal(rt *rapid.T) {
 	if rapid.Bool().Draw(rt, "one") {

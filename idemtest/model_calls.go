@@ -176,6 +176,11 @@ func (w *world) check(c *modelCall) string {
 		}
 	}
 	if c.exited {
+		// The user's code ended the call's goroutine: an outcome it was
+		// recording is held, unrecorded, until its store closes.
+		w.mu.Lock()
+		w.heldBy[c.key] = c.ms
+		w.mu.Unlock()
 		if exited || disturbed {
 			return ""
 		}

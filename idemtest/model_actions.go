@@ -243,7 +243,7 @@ func (w *world) collect(rt *rapid.T, wait bool) {
 // that start while it runs may see either.
 func (w *world) actForget(rt *rapid.T) {
 	ms, key := w.drawStore(rt), w.drawKey(rt)
-	p := w.hist.open(permit{why: "forget " + key, key: key, store: -1, resets: true})
+	p := w.hist.open(permit{why: "forget " + key, key: key, store: -1, resets: true, by: ms.id})
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()
 	disturb0, faulted := w.disturbed.Load(), w.anyFault()

@@ -162,7 +162,7 @@ func (w *world) check(c *modelCall) string {
 	if c.bounded > c.timeout+modelSlack {
 		return fmt.Sprintf("took %v, %v of it past the caller's %v ctx", c.took, c.bounded-c.timeout, c.timeout)
 	}
-	oks, finals, execs := w.hist.outcomes(c.key, c.seq0)
+	oks, finals, execs := w.hist.outcomes(c.key, c.seq0, c.ms.id)
 	w.mu.Lock()
 	for v := range w.resolved[c.key] {
 		oks[v] = true

@@ -70,6 +70,8 @@ type permit struct {
 	// death: the store died; its executions, even those its goroutines
 	// start after (the claim was made before), may be taken over.
 	death bool
+	// by: the store a Forget ran in.
+	by int
 	// exec, if not 0: the permit is that execution's end (its failure,
 	// its ticket's release), and lets only a key it held run again.
 	exec int
@@ -282,12 +284,16 @@ func (h *history) stepDone(key, name string, value int, ran, recorded bool) {
 // which started at seq may replay: those no Forget ended before it
 // started. An expired outcome may still replay: until it is swept or the
 // key runs again, a clock stepped back makes it live again.
-func (h *history) outcomes(key string, seq int) (oks map[int]bool, finals map[string]bool, execs map[int]string) {
+//
+// A Forget ends what the store it ran in replays; another store may still
+// replay an outcome it holds unrecorded in its memory (store is -1 for a
+// judgement of the backend's record).
+func (h *history) outcomes(key string, seq, store int) (oks map[int]bool, finals map[string]bool, execs map[int]string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var gone []*permit // Forgets before the call
 	for _, p := range h.permits {
-		if p.valid && p.resets && !p.completed && (p.key == "" || p.key == key) && p.to >= 0 && p.to < seq {
+		if p.valid && p.resets && !p.completed && (p.key == "" || p.key == key) && p.to >= 0 && p.to < seq && (p.by == store || store < 0) {
 			gone = append(gone, p)
 		}
 	}

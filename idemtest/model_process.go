@@ -308,7 +308,7 @@ func (w *world) probe(rt *rapid.T, key string) {
 		if err := json.Unmarshal(rec.Value, &r); err != nil {
 			w.fail(rt, "%s's record holds %q: %v", key, rec.Value, err)
 		}
-		oks, _, _ := w.hist.outcomes(key, w.hist.now())
+		oks, _, _ := w.hist.outcomes(key, w.hist.now(), -1)
 		w.mu.Lock()
 		resolved := w.resolved[key][r.N]
 		w.mu.Unlock()

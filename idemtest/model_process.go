@@ -79,6 +79,9 @@ func (w *world) actFault(rt *rapid.T) {
 		w.hist.note("store %d: the backend goes silent until healed", ms.id)
 		ms.f.goSilent()
 		w.holdAll(forever) // nothing lands, but no call can tell
+		// Nor do its renewals: its claims' leases lapse, as documented.
+		w.unpinStore(ms.id)
+		w.renewing = append(w.renewing, w.hist.open(permit{why: "the backend is silent", store: ms.id}))
 	case 0:
 		w.hist.note("store %d: the outcome writes of its next claim fail until healed", ms.id)
 		ms.f.failNextClaim()

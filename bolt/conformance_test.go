@@ -33,8 +33,14 @@ func TestConformance(t *testing.T) {
 // TestContract runs the store-level contract through RunOnce and Begin over
 // a bolt file, reopening the file for the restart and crash tests.
 func TestContract(t *testing.T) {
+	idemtest.RunContract(t, harness())
+}
+
+// harness makes bolt files for the store-level suites; a restart reopens
+// the file.
+func harness() idemtest.Harness {
 	paths := map[backend.Backend]string{}
-	idemtest.RunContract(t, idemtest.Harness{
+	return idemtest.Harness{
 		Backend: func(t *testing.T) backend.Backend {
 			b, path := openTemp(t, nil)
 			paths[b] = path
@@ -48,7 +54,7 @@ func TestContract(t *testing.T) {
 			paths[reopened] = paths[b]
 			return reopened
 		},
-	})
+	}
 }
 
 func TestConformanceSteps(t *testing.T) {
@@ -88,20 +94,5 @@ func TestStepsSurviveRestart(t *testing.T) {
 // TestModel drives two stores over one bolt file with idemtest's random
 // model; a crash reopens the file.
 func TestModel(t *testing.T) {
-	paths := map[backend.Backend]string{}
-	idemtest.RunModel(t, idemtest.Harness{
-		Backend: func(t *testing.T) backend.Backend {
-			b, path := openTemp(t, nil)
-			paths[b] = path
-			return b
-		},
-		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
-			require.NoError(t, b.(*Backend).Close())
-			reopened, err := Open(paths[b], nil)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = reopened.Close() })
-			paths[reopened] = paths[b]
-			return reopened
-		},
-	})
+	idemtest.RunModel(t, harness())
 }

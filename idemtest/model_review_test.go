@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,21 +18,7 @@ import (
 // r19World is a memory-only world built by hand, with no rapid.T: the
 // oracle (check, judge) and the driver's do/async need none.
 func r19World(t *testing.T) *world {
-	w := &world{
-		t:            t,
-		name:         fmt.Sprintf("r19-%d", sequences.Add(1)),
-		clock:        &steppedClock{},
-		hist:         newHistory(),
-		mayInterrupt: map[string]bool{},
-		panicked:     map[string]bool{},
-		exited:       map[string]bool{},
-		resolved:     map[string]map[int]bool{},
-		heldUntil:    map[string]time.Time{},
-		pins:         map[string]pin{},
-		tried:        map[string]map[string]bool{},
-		heldBy:       map[string]*modelStore{},
-		failing:      new(atomic.Bool),
-	}
+	w := emptyWorld(t, fmt.Sprintf("r19-%d", sequences.Add(1)))
 	w.opts = idem.Options{TTL: modelTTL, SweepInterval: -1, Now: w.clock.Now}
 	w.stores = []*modelStore{w.open(0)}
 	t.Cleanup(w.end)

@@ -87,20 +87,8 @@ type modelStore struct {
 var sequences atomic.Int64
 
 func newWorld(t *testing.T, rt *rapid.T, h Harness, failing *atomic.Bool) *world {
-	w := &world{
-		t: t, rt: rt, h: h, failing: failing,
-		name:         fmt.Sprintf("m%d-%d", time.Now().UnixNano()%1e6, sequences.Add(1)),
-		clock:        &steppedClock{},
-		hist:         newHistory(),
-		mayInterrupt: map[string]bool{},
-		panicked:     map[string]bool{},
-		exited:       map[string]bool{},
-		resolved:     map[string]map[int]bool{},
-		heldUntil:    map[string]time.Time{},
-		pins:         map[string]pin{},
-		tried:        map[string]map[string]bool{},
-		heldBy:       map[string]*modelStore{},
-	}
+	w := emptyWorld(t, fmt.Sprintf("m%d-%d", time.Now().UnixNano()%1e6, sequences.Add(1)))
+	w.rt, w.h, w.failing = rt, h, failing
 	if h.Backend != nil {
 		w.b = sharedBackend(t, h)
 	}
@@ -140,6 +128,26 @@ func newWorld(t *testing.T, rt *rapid.T, h Harness, failing *atomic.Bool) *world
 	}
 	w.storeIDs = n - 1
 	return w
+}
+
+// emptyWorld returns a world with no stores, no options and nothing in its
+// history, whose keys start with name.
+func emptyWorld(t *testing.T, name string) *world {
+	return &world{
+		t:            t,
+		name:         name,
+		clock:        &steppedClock{},
+		hist:         newHistory(),
+		failing:      new(atomic.Bool),
+		mayInterrupt: map[string]bool{},
+		panicked:     map[string]bool{},
+		exited:       map[string]bool{},
+		resolved:     map[string]map[int]bool{},
+		heldUntil:    map[string]time.Time{},
+		pins:         map[string]pin{},
+		tried:        map[string]map[string]bool{},
+		heldBy:       map[string]*modelStore{},
+	}
 }
 
 // The backend of one RunModel call, made once and kept across its

@@ -102,16 +102,19 @@ func TestConcurrentNewOnFreshTable(t *testing.T) {
 // TestContract runs the store-level contract through RunOnce and Begin over
 // a table of its own; leases and expiry go by the server's clock.
 func TestContract(t *testing.T) {
-	pool := testPool(t)
+	idemtest.RunContract(t, harness(testPool(t)))
+}
+
+// harness makes tables in pool for the store-level suites; a restart is a
+// new Backend over the same table, as a new process makes.
+func harness(pool *pgxpool.Pool) idemtest.Harness {
 	tables := map[backend.Backend]string{}
-	idemtest.RunContract(t, idemtest.Harness{
+	return idemtest.Harness{
 		Backend: func(t *testing.T) backend.Backend {
 			b, table := testBackend(t, pool)
 			tables[b] = table
 			return b
 		},
-		// A restart is a new Backend over the same table, as a new process
-		// makes.
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
 			reopened, err := New(context.Background(), pool, Options{Table: tables[b]})
 			require.NoError(t, err)
@@ -119,26 +122,11 @@ func TestContract(t *testing.T) {
 			return reopened
 		},
 		ServerClock: true,
-	})
+	}
 }
 
 // TestModel drives two stores over one table with idemtest's random
 // model, on the server's clock; a crash is a new Backend over the table.
 func TestModel(t *testing.T) {
-	pool := testPool(t)
-	tables := map[backend.Backend]string{}
-	idemtest.RunModel(t, idemtest.Harness{
-		Backend: func(t *testing.T) backend.Backend {
-			b, table := testBackend(t, pool)
-			tables[b] = table
-			return b
-		},
-		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
-			reopened, err := New(context.Background(), pool, Options{Table: tables[b]})
-			require.NoError(t, err)
-			tables[reopened] = tables[b]
-			return reopened
-		},
-		ServerClock: true,
-	})
+	idemtest.RunModel(t, harness(testPool(t)))
 }

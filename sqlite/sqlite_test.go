@@ -41,35 +41,23 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestContract runs the store-level contract through RunOnce and Begin; a
-// restart is a new *sql.DB and Backend over the same file, as a new process
-// makes.
+// TestContract runs the store-level contract through RunOnce and Begin.
 func TestContract(t *testing.T) {
-	paths := map[backend.Backend]string{}
-	idemtest.RunContract(t, idemtest.Harness{
-		Backend: func(t *testing.T) backend.Backend {
-			b, path := testBackend(t)
-			paths[b] = path
-			return b
-		},
-		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
-			require.NoError(t, b.(*Backend).db.Close())
-			db, err := Open(paths[b])
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = db.Close() })
-			reopened, err := New(context.Background(), db, Options{})
-			require.NoError(t, err)
-			paths[reopened] = paths[b]
-			return reopened
-		},
-	})
+	idemtest.RunContract(t, harness())
 }
 
 // TestModel drives two stores over one SQLite file with idemtest's random
-// model; a crash is a new *sql.DB and Backend over the file.
+// model.
 func TestModel(t *testing.T) {
+	idemtest.RunModel(t, harness())
+}
+
+// harness makes SQLite files for the store-level suites; a restart (a
+// crash) is a new *sql.DB and Backend over the same file, as a new process
+// makes.
+func harness() idemtest.Harness {
 	paths := map[backend.Backend]string{}
-	idemtest.RunModel(t, idemtest.Harness{
+	return idemtest.Harness{
 		Backend: func(t *testing.T) backend.Backend {
 			b, path := testBackend(t)
 			paths[b] = path
@@ -85,7 +73,7 @@ func TestModel(t *testing.T) {
 			paths[reopened] = paths[b]
 			return reopened
 		},
-	})
+	}
 }
 
 func TestSchemaFileMatchesNew(t *testing.T) {

@@ -190,21 +190,7 @@ func (w *world) check(c *modelCall) string {
 	var ee execError
 	var be *idem.BackendError
 	var pe *idem.PanicError
-	switch {
-	case idem.IsFinal(err): // perhaps joined with a *NotRecordedError
-		known := false
-		for f := range finals {
-			known = known || strings.HasPrefix(err.Error(), f)
-		}
-		if !known {
-			return fmt.Sprintf("a final error no execution of the key returned: %v", err)
-		}
-	case err == nil || errors.As(err, &nr) && !errors.Is(err, idem.ErrClosed):
-		if err != nil && !disturbed && !w.troubled.Load() {
-			// (A replay of an outcome held unrecorded says so until
-			// its background write lands, after a heal.)
-			return "an outcome not recorded with no fault: " + err.Error()
-		}
+	if errors.As(err, &nr) { // an outcome held unrecorded, a success or a final error
 		if err != nil && (strings.Contains(err.Error(), "Codec") || strings.Contains(err.Error(), "Goexit")) {
 			// An outcome that could not be encoded is held, its lease
 			// renewed, until its store closes: documented.
@@ -219,6 +205,22 @@ func (w *world) check(c *modelCall) string {
 				w.pins[c.key] = pin{store: c.ms.id, value: c.val.N, payload: c.payload}
 				w.mu.Unlock()
 			}
+		}
+	}
+	switch {
+	case idem.IsFinal(err): // perhaps joined with a *NotRecordedError
+		known := false
+		for f := range finals {
+			known = known || strings.HasPrefix(err.Error(), f)
+		}
+		if !known {
+			return fmt.Sprintf("a final error no execution of the key returned: %v", err)
+		}
+	case err == nil || errors.As(err, &nr) && !errors.Is(err, idem.ErrClosed):
+		if err != nil && !disturbed && !w.troubled.Load() {
+			// (A replay of an outcome held unrecorded says so until
+			// its background write lands, after a heal.)
+			return "an outcome not recorded with no fault: " + err.Error()
 		}
 		if c.ran() && strings.HasPrefix(c.via, "Begin/") && c.via != "Begin/finish" {
 			return "" // the caller's own fn's answer, not the store's

@@ -230,11 +230,6 @@ func (w *world) check(c *modelCall) string {
 				return fmt.Sprintf("ran its own fn, which returned %d, but answered %d", value, c.val.N)
 			}
 		}
-		if err == nil && !disturbed {
-			w.mu.Lock()
-			delete(w.mayInterrupt, c.key) // it completed; only a new disturbance interrupts it
-			w.mu.Unlock()
-		}
 		if !oks[c.val.N] {
 			return fmt.Sprintf("succeeded with %d, which no execution of the key returned (successes %v)", c.val.N, oks)
 		}

@@ -394,14 +394,21 @@ func (s *Store[R]) Encode(rec *backend.Record, val R, err error) error {
 
 // marshal and unmarshal call the Codec, returning a panic in it (a
 // MarshalJSON that panics, say) as an error, so that it can neither leave
-// a key claimed nor escape the library.
+// a key claimed nor escape the library. An error the Codec returns is
+// wrapped to name the Codec: it reaches the caller inside a
+// *NotRecordedError, where a bare "json: unsupported type" would not say
+// which part of the library could not go on.
 func marshal(c Codec, v any) (_ []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("idem: the Codec panicked encoding the outcome: %v", p)
 		}
 	}()
-	return c.Marshal(v)
+	b, err := c.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("idem: the Codec could not encode the outcome: %w", err)
+	}
+	return b, nil
 }
 
 func unmarshal(c Codec, data []byte, v any) (err error) {

@@ -471,3 +471,24 @@ func TestTicketDurableExecutionTimeout(t *testing.T) {
 	require.NoError(t, err)
 	tk2.Release()
 }
+
+// A Codec that returns an error: the success comes back with a
+// *NotRecordedError that names the Codec and wraps its error, so a caller
+// (and the model suite) can tell an outcome that cannot be encoded, which
+// is held until the store closes, from a backend write that will be retried.
+type errCodec struct{ err error }
+
+func (c errCodec) Marshal(any) ([]byte, error)      { return nil, c.err }
+func (errCodec) Unmarshal(data []byte, v any) error { return nil }
+
+func TestCodecErrorIsNamedInNotRecorded(t *testing.T) {
+	cause := errors.New("json: unsupported type: chan int")
+	s := New[int](Options{Backend: newStubBackend(), Codec: errCodec{cause}, SweepInterval: -1})
+	defer s.Close()
+	v, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 7, nil })
+	var nr *NotRecordedError
+	require.ErrorAs(t, err, &nr)
+	require.ErrorIs(t, err, cause)
+	require.Contains(t, err.Error(), "the Codec could not encode the outcome")
+	require.Equal(t, 7, v)
+}

@@ -47,6 +47,8 @@ func (w *world) table() []action {
 			{"kill", 2, w.actKill},
 			{"restart", 1, w.actRestart},
 			{"crash", 1, w.actCrash},
+			{"drop", 1, w.actDrop},
+			{"reconcile pinned", 1, w.actReconcilePinned},
 		}...)
 	}
 	return t
@@ -242,7 +244,10 @@ func (w *world) collect(rt *rapid.T, wait bool) {
 // actForget forgets a key. The epoch ends if Forget says it did; calls
 // that start while it runs may see either.
 func (w *world) actForget(rt *rapid.T) {
-	ms, key := w.drawStore(rt), w.drawKey(rt)
+	w.forget(rt, w.drawStore(rt), w.drawKey(rt))
+}
+
+func (w *world) forget(rt *rapid.T, ms *modelStore, key string) {
 	p := w.hist.open(permit{why: "forget " + key, key: key, store: -1, resets: true, by: ms.id})
 	ctx, cancel := context.WithTimeout(context.Background(), modelCallCtx)
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
 // A modelCall is one call of a key, as the driver made it and as it ended.
@@ -200,7 +201,9 @@ func (w *world) check(c *modelCall) string {
 		}
 		if err != nil {
 			w.hold(c.key, forever) // until it is recorded, after a heal
-			if !c.ms.killed && !c.ms.closed.Load() && !strings.HasPrefix(c.via, "Begin/") || c.via == "Begin/finish" {
+			// A claim lost to another owner holds nothing: later calls
+			// read whatever the backend holds now.
+			if lost := errors.Is(err, backend.ErrNotOwner); !lost && !c.ms.killed && !c.ms.closed.Load() && !strings.HasPrefix(c.via, "Begin/") || c.via == "Begin/finish" {
 				w.mu.Lock()
 				w.pins[c.key] = pin{store: c.ms.id, value: c.val.N, payload: c.payload}
 				w.mu.Unlock()

@@ -83,9 +83,7 @@ func (w *world) actFault(rt *rapid.T) {
 		w.unpinStore(ms.id)
 		w.renewing = append(w.renewing, w.hist.open(permit{why: "the backend is silent", store: ms.id}))
 	case 0:
-		w.hist.note("store %d: the outcome writes of its next claim fail until healed", ms.id)
-		ms.f.failNextClaim()
-		w.holdAll(forever)
+		w.failNextClaim(ms)
 	case 1, 2:
 		op := rapid.SampledFrom([]string{"Complete", "Complete", "Complete", "Renew", "Release", "RecordStep"}).Draw(rt, "op")
 		w.hist.note("store %d: every %s fails until healed", ms.id, op)
@@ -111,16 +109,28 @@ func (w *world) actFault(rt *rapid.T) {
 	w.disturbAll()
 }
 
+// failNextClaim makes the outcome writes of ms's next claim fail until
+// healed.
+func (w *world) failNextClaim(ms *modelStore) {
+	w.hist.note("store %d: the outcome writes of its next claim fail until healed", ms.id)
+	ms.f.failNextClaim()
+	w.holdAll(forever)
+}
+
 // actHeal ends every fault, or only the oldest claim's failing writes.
 func (w *world) actHeal(rt *rapid.T) {
 	if rapid.Bool().Draw(rt, "one") {
-		ms := w.drawStore(rt)
-		if ms.f.healOldest() {
-			w.hist.note("store %d: the oldest claim's outcome writes heal", ms.id)
-		}
+		w.healOldest(w.drawStore(rt))
 		return
 	}
 	w.heal()
+}
+
+func (w *world) healOldest(ms *modelStore) {
+	if ms.f.healOldest() {
+		ms.disturbs.Add(1)
+		w.hist.note("store %d: the oldest claim's outcome writes heal", ms.id)
+	}
 }
 
 func (w *world) heal() {

@@ -133,7 +133,8 @@ func TestBeginLocalReplaysWhenMemoryIsFull(t *testing.T) {
 
 	tk, err := s.BeginLocal(context.Background(), "done", "p")
 	require.NoError(t, err)
-	v, ferr, ok := tk.Replayed()
+	ok := tk.Replayed()
+	v, ferr := tk.Result()
 	require.True(t, ok)
 	require.NoError(t, ferr)
 	assert.Equal(t, order{3, 3}, v)

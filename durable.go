@@ -259,14 +259,14 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 		select {
 		case <-timer.C:
 		case <-s.stopping.Done():
-			return backend.Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
+			return backend.Record{}, fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
 		case <-ctx.Done():
 			return backend.Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		}
 		rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
 		switch {
 		case err != nil && s.stopping.Err() != nil:
-			return backend.Record{}, fmt.Errorf("%w: store closed while another owner held the key", ErrInProgress)
+			return backend.Record{}, fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
 		case err != nil && ctx.Err() != nil:
 			return backend.Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		case err != nil:
@@ -388,7 +388,7 @@ func (s *Store[R]) Encode(rec *backend.Record, val R, err error) error {
 		rec.ErrMsg = err.Error()
 	}
 	var merr error
-	rec.Value, merr = marshal(s.opts.Codec, val)
+	rec.Value, merr = marshal(s.opts.Codec, val, "the outcome")
 	return merr
 }
 
@@ -398,15 +398,16 @@ func (s *Store[R]) Encode(rec *backend.Record, val R, err error) error {
 // wrapped to name the Codec: it reaches the caller inside a
 // *NotRecordedError, where a bare "json: unsupported type" would not say
 // which part of the library could not go on.
-func marshal(c Codec, v any) (_ []byte, err error) {
+// what names the value ("the outcome", `step "charge"`).
+func marshal(c Codec, v any, what string) (_ []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("idem: the Codec panicked encoding the outcome: %v", p)
+			err = fmt.Errorf("idem: the Codec panicked encoding %s: %v", what, p)
 		}
 	}()
 	b, err := c.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("idem: the Codec could not encode the outcome: %w", err)
+		return nil, fmt.Errorf("idem: the Codec could not encode %s: %w", what, err)
 	}
 	return b, nil
 }

@@ -16,11 +16,29 @@ var (
 	// disturbed.
 	ErrPayloadMismatch = errors.New("idem: key reused with a different payload")
 
-	// ErrInProgress is returned when a caller stops waiting for an execution
-	// that is still running: its context ended first (the error then also
-	// matches the context's error), or Forget was asked to drop a key in
-	// flight.
+	// ErrInProgress is returned when a key is held by an execution that has
+	// not ended. The error also matches what sets each case apart:
+	//
+	//   - the caller's context ended while it waited (a retry with the
+	//     same key later gets the outcome): the context's error;
+	//   - the store was closed while it waited: ErrClosed;
+	//   - Forget or Resolve, which refuse a held key rather than wait:
+	//     ErrKeyHeld;
+	//   - a RunOnceTx whose key a RunOnce or Begin holds, outside any
+	//     transaction: ErrHeldOutsideTx.
 	ErrInProgress = backend.ErrInProgress
+
+	// ErrKeyHeld is returned, matching ErrInProgress too, when Forget or
+	// Resolve is asked to change a key in flight in this store or claimed
+	// under a live lease elsewhere: an operator's call never waits, and
+	// never takes a key from a live owner.
+	ErrKeyHeld = fmt.Errorf("%w: refused while the key is held", ErrInProgress)
+
+	// ErrHeldOutsideTx is returned, matching ErrInProgress too, by a
+	// RunOnceTx whose key is held by a RunOnce or Begin: their claim is
+	// kept outside any transaction, so the transaction cannot wait on it.
+	// Use one mode per key.
+	ErrHeldOutsideTx = fmt.Errorf("%w: held by a RunOnce outside a transaction", ErrInProgress)
 
 	// ErrOutcomeUnknown is returned when a durable record shows the key was
 	// claimed but its owner stopped before recording an outcome, so the
@@ -46,6 +64,12 @@ var (
 
 	// ErrClosed is returned by calls made after Close.
 	ErrClosed = backend.ErrClosed
+
+	// ErrReplayed is returned by Ticket.Finish on a ticket that holds a
+	// remembered outcome (Ticket.Replayed), and is the cause of that
+	// ticket's ended Context: there was no work to do, and work done
+	// anyway is not recorded.
+	ErrReplayed = errors.New("idem: the ticket holds a replayed outcome: there is no work to do (ask Ticket.Replayed first)")
 )
 
 var (

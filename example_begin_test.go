@@ -30,11 +30,12 @@ func ExampleStore_Begin() {
 			fmt.Println(m.ID, "not now:", err)
 			return false // leave it to the broker's redelivery
 		}
-		defer t.Release() // a panic, or an early return, releases the id
-		if level, err, ok := t.Replayed(); ok {
+		if t.Replayed() {
+			level, err := t.Result()
 			fmt.Println(m.ID, "duplicate: acked, stock was", level, err)
 			return true
 		}
+		defer t.Release() // an early return, or a panic, releases the id
 		if stock[m.SKU]+m.Change < 0 {
 			_, err := t.Finish(0, idem.Final(errors.New("out of stock")))
 			fmt.Println(m.ID, "refused:", err)

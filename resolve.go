@@ -19,7 +19,7 @@ import (
 // so that the next call runs the operation. Resolve never runs anything.
 //
 // Only an interrupted key can be resolved. A key in flight, here or under a
-// live lease elsewhere, is refused with ErrInProgress; a key with no
+// live lease elsewhere, is refused with ErrKeyHeld; a key with no
 // record, or with a recorded outcome, with ErrNotInterrupted. Resolving is
 // fenced by the interrupted claim's token: if the key changes hands
 // meanwhile (its owner records after all, another store takes it over),
@@ -39,7 +39,7 @@ func (s *Store[R]) Resolve(ctx context.Context, key string, val R, err error) er
 	case s.closed.Load():
 		return ErrClosed
 	case s.table.inFlight(key):
-		return fmt.Errorf("%w: key %q is in flight in this store", ErrInProgress, key)
+		return fmt.Errorf("%w: key %q is in flight in this store", ErrKeyHeld, key)
 	case s.opts.Backend == nil:
 		return fmt.Errorf("%w: a store without a Backend keeps no interrupted keys", ErrNotInterrupted)
 	}
@@ -50,7 +50,7 @@ func (s *Store[R]) Resolve(ctx context.Context, key string, val R, err error) er
 	case !ok:
 		return fmt.Errorf("%w: key %q has no record", ErrNotInterrupted, key)
 	case rec.State == backend.StatePending:
-		return fmt.Errorf("%w: key %q is claimed and its lease holds", ErrInProgress, key)
+		return fmt.Errorf("%w: key %q is claimed and its lease holds", ErrKeyHeld, key)
 	case rec.State == backend.StateCompleted:
 		return fmt.Errorf("%w: key %q already has an outcome", ErrNotInterrupted, key)
 	}

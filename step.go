@@ -209,9 +209,9 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	if err != nil {
 		s.ErrMsg = err.Error()
 	}
-	enc, eerr := marshal(op.codec, val)
+	enc, eerr := marshal(op.codec, val, fmt.Sprintf("step %q", name))
 	if eerr != nil {
-		err = errors.Join(err, fmt.Errorf("idem: encoding step %q: %w", name, eerr))
+		err = errors.Join(err, eerr)
 		return val, err
 	}
 	s.Value = enc

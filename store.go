@@ -126,7 +126,8 @@ func (s *Store[R]) claim(key string, fp Fingerprint, wantDone bool) (*entry[R], 
 // Forget drops key's remembered outcome, in memory and in the Backend, so the
 // next call with the key runs fn again. It is the operator's reconciliation
 // of a key, and the only way to clear an interrupted one. A key in flight is
-// refused with ErrInProgress; a key not held is not an error.
+// refused with ErrKeyHeld (which matches ErrInProgress); a key not held is
+// not an error.
 func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	if ctx == nil {
 		return errNilContext
@@ -145,12 +146,12 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	case s.closed.Load():
 		return ErrClosed
 	case s.table.inFlight(key):
-		return fmt.Errorf("%w: key %q is in flight in this store", ErrInProgress, key)
+		return fmt.Errorf("%w: key %q is in flight in this store", ErrKeyHeld, key)
 	}
 	if b := s.opts.Backend; b != nil {
 		switch err := b.Forget(ctx, key, s.opts.Now()); {
 		case errors.Is(err, ErrInProgress):
-			return err
+			return fmt.Errorf("%w: %w", ErrKeyHeld, err)
 		case err != nil:
 			return &BackendError{Op: "forget", Err: err}
 		}

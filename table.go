@@ -236,7 +236,7 @@ func (t *table[R]) forget(key string) error {
 	case sh.closed:
 		return ErrClosed
 	case e != nil && !e.completed:
-		return ErrInProgress
+		return ErrKeyHeld
 	case e != nil:
 		t.removeLocked(sh, e)
 	}

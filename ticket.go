@@ -12,10 +12,10 @@ import (
 
 // A Ticket is one caller's part in a keyed operation, begun by
 // [Store.Begin]. Either it holds the operation's remembered outcome
-// (Replayed reports it) and there is nothing to do, or its caller owns the
-// key: it does the work in its own control flow, under Context, and hands
-// the outcome to Finish, which records it (a success, or an error marked
-// Final) or releases the key (anything else).
+// (Replayed reports it, Result returns it) and there is nothing to do, or
+// its caller owns the key: it does the work in its own control flow, under
+// Context, and hands the outcome to Finish, which records it (a success,
+// or an error marked Final) or releases the key (anything else).
 //
 // Finish or Release must be called once the work is over, and a deferred
 // Release makes sure of it:
@@ -24,12 +24,17 @@ import (
 //	if err != nil {
 //		return err
 //	}
-//	defer t.Release() // releases the key unless Finish was reached; a panic becomes a *PanicError
-//	if res, err, ok := t.Replayed(); ok {
-//		return use(res, err)
+//	if t.Replayed() {
+//		return use(t.Result())
 //	}
+//	defer t.Release() // releases the key unless Finish was reached
 //	res, err := work(t.Context())
 //	res, err = t.Finish(res, err)
+//
+// A caller that forgets to ask Replayed cannot do the work twice without
+// noticing: a replayed ticket's Context is already ended, with
+// [ErrReplayed] as its cause, and its Finish records nothing and returns
+// ErrReplayed.
 //
 // While the ticket is open, duplicates in this process wait for its
 // outcome, the durable claim's lease is renewed, and Close waits for it. A
@@ -73,8 +78,9 @@ type Ticket[R any] struct {
 // errReleased is what the waiters of a ticket get when it is released
 // without Finish (and without a panic); errAbandoned when it was dropped.
 var (
-	errReleased  = errors.New("idem: the operation was released before it finished")
-	errAbandoned = errors.New("idem: the operation's Ticket was dropped without Finish or Release")
+	errReleased    = errors.New("idem: the operation was released before it finished")
+	errAbandoned   = errors.New("idem: the operation's Ticket was dropped without Finish or Release")
+	errNotFinished = errors.New("idem: the ticket's work has not finished")
 )
 
 // Begin starts key's operation in two phases, for callers whose work does
@@ -82,8 +88,8 @@ var (
 // response. It claims key, or learns its outcome, as RunOnce does, and
 // returns a Ticket that says which:
 //
-//   - The outcome is remembered (Replayed reports true): it is returned
-//     without any work, as RunOnce returns a replay.
+//   - The outcome is remembered (Replayed reports true, Result returns
+//     it): there is no work to do, as for a replay of RunOnce.
 //   - The key was absent: the caller owns it and must do the work, then call
 //     Finish with its outcome.
 //
@@ -133,15 +139,20 @@ func (t *Ticket[R]) open() {
 	runtime.SetFinalizer(t, (*Ticket[R]).abandoned)
 }
 
-// Replayed returns the remembered outcome, and true, when the ticket holds
-// one: the operation finished before, and there is nothing to do. It
-// returns false when the caller owns the key.
-func (t *Ticket[R]) Replayed() (R, error, bool) {
-	if t.e != nil {
+// Replayed reports whether the ticket holds a remembered outcome: the
+// operation finished before, there is nothing to do, and Result returns
+// the outcome. It is false when the caller owns the key.
+func (t *Ticket[R]) Replayed() bool { return t.e == nil }
+
+// Result returns the ticket's outcome: the remembered one for a replayed
+// ticket, and what Finish returned once it has. For an owner's ticket not
+// yet finished it returns the zero R and an error saying so.
+func (t *Ticket[R]) Result() (R, error) {
+	if t.e != nil && !t.finished {
 		var zero R
-		return zero, nil, false
+		return zero, errNotFinished
 	}
-	return t.val, t.err, true
+	return t.val, t.err
 }
 
 // Context returns the context to do the work under. It keeps the values of
@@ -150,11 +161,16 @@ func (t *Ticket[R]) Replayed() (R, error, bool) {
 // ends after Options.ExecutionTimeout, when the ticket is finished, and,
 // with a Backend, when the store stops trusting the claim's lease
 // ([context.Cause] is then ErrLeaseLost): the work should stop, since
-// another owner may take the key. For a replayed ticket it is Begin's ctx.
+// another owner may take the key. For a replayed ticket it has ended
+// already, with ErrReplayed as its cause: there is no work to do.
 func (t *Ticket[R]) Context() context.Context {
 	switch {
 	case t.e == nil:
-		return t.ctx
+		if t.work == nil {
+			var cancel context.CancelCauseFunc
+			t.work, cancel = context.WithCancelCause(context.WithoutCancel(t.ctx))
+			cancel(ErrReplayed)
+		}
 	case t.work == nil && t.finished:
 		var cancel context.CancelFunc
 		t.work, cancel = context.WithCancel(context.WithoutCancel(t.ctx))
@@ -177,10 +193,15 @@ func (t *Ticket[R]) Context() context.Context {
 // Final, is recorded and replayed to every caller with the key until it
 // expires; any other error (a *PanicError included) releases the key, so
 // the next call does the work again. Either way the duplicates waiting in
-// this process get the outcome. For a replayed ticket, or one already
-// finished, Finish changes nothing and returns the outcome the ticket
-// already holds.
+// this process get the outcome. For a ticket already finished, Finish
+// changes nothing and returns the outcome it returned before. For a
+// replayed ticket it records nothing and returns ErrReplayed: the work
+// should not have run.
 func (t *Ticket[R]) Finish(val R, err error) (R, error) {
+	if t.e == nil {
+		var zero R
+		return zero, ErrReplayed
+	}
 	t.dropFinalizer()
 	return t.settle(val, err)
 }
@@ -218,19 +239,17 @@ func (t *Ticket[R]) FinishReplayed(val R, err error) (R, error) {
 }
 
 // Release releases the key of a ticket that was not finished, so the next
-// call does the work again; after Finish, and for a replayed ticket, it
-// does nothing. Deferred right after Begin, it also catches a panic in the
-// work: the waiters get it as a *PanicError, and the panic goes on up the
-// caller's stack.
+// call does the work again; its waiters get an error saying the operation
+// was released. After Finish, and for a replayed ticket, it does nothing.
+// It does not recover a panic in the work, so it behaves the same however
+// it is deferred: the panic goes on up the caller's stack, and the key is
+// released on the way. (Do runs the work and returns a panic in it to
+// every waiter as a *PanicError.)
 func (t *Ticket[R]) Release() {
 	if t.e == nil || t.finished {
 		return
 	}
 	var zero R
-	if v := recover(); v != nil {
-		t.Finish(zero, &PanicError{Value: v, Stack: debug.Stack()})
-		panic(v)
-	}
 	t.Finish(zero, errReleased)
 }
 

@@ -131,7 +131,7 @@ var idemBegin = impl{"idem-begin-finish", func() (func(string), func()) {
 			if err != nil {
 				panic(err)
 			}
-			if _, _, ok := t.Replayed(); ok {
+			if t.Replayed() {
 				return
 			}
 			if _, err := t.Finish(fnReceipt, nil); err != nil {

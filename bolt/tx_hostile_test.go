@@ -166,6 +166,7 @@ func TestHostileBoltTwoStoresPlainAndTx(t *testing.T) {
 	<-inside2
 	_, err := RunOnceTx(context.Background(), txs, "b", "p", txFn)
 	assert.ErrorIs(t, err, idem.ErrInProgress)
+	assert.ErrorIs(t, err, idem.ErrHeldOutsideTx, "the case tells apart from a wait that ended")
 	close(release2)
 	require.NoError(t, <-res)
 	v, err := RunOnceTx(context.Background(), txs, "b", "p", txFn)

@@ -203,7 +203,8 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, s.refusal(err)
 	}
 	defer t.Release()
-	if reply, err, ok := t.Replayed(); ok {
+	if t.Replayed() {
+		reply, err := t.Result()
 		return s.replay(ctx, reply, err)
 	}
 	reply, err := t.Do(func(ctx context.Context) (Reply, error) {

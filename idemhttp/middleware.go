@@ -273,7 +273,8 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		g.answer(w, req, next, Response{}, err, logKey{g, scope, key})
 		return
 	}
-	if resp, err, ok := t.Replayed(); ok {
+	if t.Replayed() {
+		resp, err := t.Result()
 		g.answer(w, req, next, resp, err, logKey{g, scope, key})
 		return
 	}

@@ -98,8 +98,8 @@ func viaBegin(s *idem.Store[receipt], ctx context.Context, key string, payload a
 		return receipt{}, err
 	}
 	defer tk.Release()
-	if v, err, ok := tk.Replayed(); ok {
-		return v, err
+	if tk.Replayed() {
+		return tk.Result()
 	}
 	v, err := fn(tk.Context())
 	return tk.Finish(v, err)

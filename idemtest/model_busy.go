@@ -98,6 +98,7 @@ func (w *world) pinOf(key string) (pin, bool) {
 
 // unpin forgets the pins of key, or of every key for "".
 func (w *world) unpin(key string) {
+	w.unpins.Add(1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if key == "" {
@@ -109,6 +110,7 @@ func (w *world) unpin(key string) {
 
 // unpinStore forgets the pins a store held.
 func (w *world) unpinStore(id int) {
+	w.unpins.Add(1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for k, p := range w.pins {

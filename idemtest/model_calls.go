@@ -28,6 +28,7 @@ type modelCall struct {
 	seq0          int   // the history's clock when it started
 	busy0         bool  // something held its key when it started
 	mayInterrupt0 bool  // its key may have been interrupted when it started
+	unpins0       int64 // the world's unpins when it started
 	pin           *pin  // the outcome its store held unrecorded when it started
 
 	exec    atomic.Pointer[execEvent] // this call's own execution, once its fn runs (on the store's goroutine)
@@ -71,6 +72,7 @@ func (w *world) prepare(c *modelCall) {
 	w.mu.Unlock()
 	c.disturb0 = w.disturbed.Load()
 	c.storeDisturb0 = c.ms.disturbs.Load()
+	c.unpins0 = w.unpins.Load()
 	c.faulted = c.ms.f.active() || c.ms.u.pending()
 	c.busy0 = w.busy(c.key)
 	w.mu.Lock()
@@ -115,7 +117,8 @@ func (w *world) do(c *modelCall) {
 		c.err, returned = err, true
 		return
 	}
-	if v, err, ok := tk.Replayed(); ok {
+	if tk.Replayed() {
+		v, err := tk.Result()
 		c.val, c.err, returned = v, err, true
 		return
 	}
@@ -192,18 +195,23 @@ func (w *world) check(c *modelCall) string {
 	var be *idem.BackendError
 	var pe *idem.PanicError
 	if errors.As(err, &nr) { // an outcome held unrecorded, a success or a final error
-		if err != nil && (strings.Contains(err.Error(), "Codec") || strings.Contains(err.Error(), "Goexit")) {
+		if why := nr.Err.Error(); strings.Contains(why, "Codec") || strings.Contains(why, "Goexit") {
 			// An outcome that could not be encoded is held, its lease
 			// renewed, until its store closes: documented.
 			w.mu.Lock()
 			w.heldBy[c.key] = c.ms
 			w.mu.Unlock()
 		}
-		if err != nil {
+		// A claim lost to another owner holds nothing: later calls read
+		// whatever the backend holds now.
+		if lost := errors.Is(nr.Err, backend.ErrNotOwner); lost {
+			w.hold(c.key, settled())
+		} else {
 			w.hold(c.key, forever) // until it is recorded, after a heal
-			// A claim lost to another owner holds nothing: later calls
-			// read whatever the backend holds now.
-			if lost := errors.Is(err, backend.ErrNotOwner); !lost && !c.ms.killed && !c.ms.closed.Load() && !strings.HasPrefix(c.via, "Begin/") || c.via == "Begin/finish" {
+			// A claim that may have been lost while the call ran (a
+			// clock step, a renew outage, a drop) pins nothing sure.
+			sure := w.unpins.Load() == c.unpins0
+			if sure && (!c.ms.killed && !c.ms.closed.Load() && !strings.HasPrefix(c.via, "Begin/") || c.via == "Begin/finish") {
 				w.mu.Lock()
 				w.pins[c.key] = pin{store: c.ms.id, value: c.val.N, payload: c.payload}
 				w.mu.Unlock()

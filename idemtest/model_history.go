@@ -241,7 +241,9 @@ func (h *history) stepRuns(key, name string, exec int) {
 		return
 	}
 	for _, p := range h.permits {
-		if p.valid && p.resets && (p.key == "" || p.key == key) && p.from > rec.seq && (!p.completed || h.expiredLocked(key, p)) {
+		// A window still open (a Forget, a drop in progress) may have
+		// removed the record already.
+		if (p.valid || p.pending) && p.resets && (p.key == "" || p.key == key) && p.from > rec.seq && (!p.completed || h.expiredLocked(key, p)) {
 			return
 		}
 	}

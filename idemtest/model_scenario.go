@@ -34,9 +34,12 @@ func (w *world) drop(key string) {
 	w.hist.close(p, err == nil)
 	w.hist.note("the operator deletes %s's %s claim %.8s -> %v", key, rec.State, rec.Token, err)
 	if err == nil {
-		w.disturbAll()
+		// A store that holds the key's outcome unrecorded finds its claim
+		// gone at its next renewal, and stops replaying it.
+		w.unpin(key)
+		w.disturb(key)
 		w.troubled.Store(true)
-		w.holdAll(settled())
+		w.hold(key, settled())
 	}
 }
 
@@ -55,6 +58,7 @@ func (w *world) actReconcilePinned(rt *rapid.T) {
 	run := func() {
 		w.sync(rt, &modelCall{ms: ms, via: "RunOnce", key: key, payload: "p", p: plan{end: "ok"}, timeout: modelCallCtx})
 	}
+	w.forget(rt, ms, key) // a key that completed before would only replay
 	w.failNextClaim(ms)
 	run()
 	// A call answers before its write goes on in the background when

@@ -63,6 +63,7 @@ type world struct {
 	resolved     map[string]map[int]bool    // guarded by mu; the values an operator gave each key
 	heldUntil    map[string]time.Time       // guarded by mu; until when something may hold a key (model_busy.go)
 	pins         map[string]pin             // guarded by mu; outcomes a store holds unrecorded
+	unpins       atomic.Int64               // how many times pins were dropped: a claim may have been lost
 	tried        map[string]map[string]bool // guarded by mu; the payloads each key was called with
 	heldBy       map[string]*modelStore     // guarded by mu; the store that holds a key's unencodable outcome until it closes
 

@@ -86,6 +86,7 @@ func TestTicketTxAndPlainRunOnceSameKey(t *testing.T) {
 		}()
 		_, errOther := RunOnceTx(ctx, s2, "b", "p", func(ctx context.Context, tx pgx.Tx) (int, error) { runs.Add(1); return 97, nil })
 		assert.ErrorIs(t, errOther, idem.ErrInProgress, "another store sees the plain claim")
+		assert.ErrorIs(t, errOther, idem.ErrHeldOutsideTx)
 		close(gate)
 		require.NoError(t, <-plainDone)
 		assert.NoError(t, <-txSame)

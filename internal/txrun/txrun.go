@@ -73,8 +73,8 @@ func Run[R any](ctx context.Context, store *idem.Store[R], key string, payload a
 	if err != nil {
 		return zero, err
 	}
-	if val, err, ok := t.Replayed(); ok {
-		return val, err
+	if t.Replayed() {
+		return t.Result()
 	}
 	fp, err := store.Options().Fingerprint(payload)
 	if err != nil {
@@ -102,7 +102,7 @@ func Answer[R any](store *idem.Store[R], rec backend.Record, fp idem.Fingerprint
 		val, err := store.Decode(rec)
 		return val, err, true
 	case rec.State == backend.StatePending:
-		return zero, fmt.Errorf("%w: held by a RunOnce outside a transaction", idem.ErrInProgress), false
+		return zero, idem.ErrHeldOutsideTx, false
 	}
 	return zero, idem.ErrOutcomeUnknown, false
 }

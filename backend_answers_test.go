@@ -10,6 +10,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/txrun"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -125,13 +126,13 @@ func TestBeginLocalReplaysWhenMemoryIsFull(t *testing.T) {
 	require.NoError(t, err)
 
 	s := durableStore(t, mem, idem.Options{MaxKeys: 1})
-	busy, err := s.BeginLocal(context.Background(), "busy", "p") // fills memory
+	busy, err := txrun.Of(s).BeginLocal(context.Background(), "busy", "p") // fills memory
 	require.NoError(t, err)
 	defer busy.Release()
-	_, err = s.BeginLocal(context.Background(), "new", "p")
+	_, err = txrun.Of(s).BeginLocal(context.Background(), "new", "p")
 	require.ErrorIs(t, err, idem.ErrFull)
 
-	tk, err := s.BeginLocal(context.Background(), "done", "p")
+	tk, err := txrun.Of(s).BeginLocal(context.Background(), "done", "p")
 	require.NoError(t, err)
 	ok := tk.Replayed()
 	v, ferr := tk.Result()

@@ -8,7 +8,7 @@ import (
 )
 
 // begin fills t for key: a replay, or the key claimed by t (t.e set). It is
-// Begin, BeginLocal (local) and RunOnce. wantDone asks for a done channel on
+// Begin, beginLocal (local) and RunOnce. wantDone asks for a done channel on
 // a claimed entry, for an owner that may stop waiting before its
 // execution ends. t must not escape, so that a replay allocates nothing.
 //
@@ -258,7 +258,7 @@ func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
 }
 
 // ownerOutcome is how the call that owned the key ended: a replay that a
-// transactional mode found (FinishReplayed), a final outcome, or else, as
+// transactional mode found (finishReplayed), a final outcome, or else, as
 // the error says, a refusal found in a transaction or a failure before
 // commit.
 func (t *Ticket[R]) ownerOutcome(final bool, err error) Outcome {

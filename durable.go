@@ -304,7 +304,7 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 		return val, err, false
 	}
 	done := claim
-	rerr := s.Encode(&done, val, err) // the Codec: the user's code
+	rerr := s.encode(&done, val, err) // the Codec: the user's code
 	encoded := rerr == nil
 	if encoded {
 		rerr = s.complete(record, done) // the Backend, which may Goexit too: t keeps the lease till then
@@ -371,18 +371,9 @@ func (s *Store[R]) lapse(ctx context.Context, claim backend.Record) {
 // Unix time, which every backend can store.
 var lapsedAt = time.Unix(1, 0).UTC()
 
-// Options returns the options the store runs with, defaults applied.
-func (s *Store[R]) Options() Options { return s.opts }
-
-// Decode returns the outcome a completed record holds, decoded with the
-// store's Codec: the result, and for a final error an error with its
-// message that IsFinal recognises. Backends with modes of their own (such as
-// postgres.RunOnceTx) use it to replay what they find.
-func (s *Store[R]) Decode(rec backend.Record) (R, error) { return s.decode(rec) }
-
-// Encode fills the outcome fields of a completed record (State, Value,
+// encode fills the outcome fields of a completed record (State, Value,
 // Failed, ErrMsg) from fn's result and final error, with the store's Codec.
-func (s *Store[R]) Encode(rec *backend.Record, val R, err error) error {
+func (s *Store[R]) encode(rec *backend.Record, val R, err error) error {
 	rec.State, rec.Failed, rec.ErrMsg = backend.StateCompleted, err != nil, ""
 	if err != nil {
 		rec.ErrMsg = err.Error()

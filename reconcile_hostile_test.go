@@ -16,6 +16,7 @@ import (
 	. "github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/txrun"
 )
 
 // hookBackend wraps a MemoryBackend with hooks after Get and before Complete.
@@ -303,7 +304,7 @@ func TestHostileObserverBalanced(t *testing.T) {
 							}()
 						}
 					case 2:
-						tk, err := s.BeginLocal(ctx, key, nil)
+						tk, err := txrun.Of(s).BeginLocal(ctx, key, nil)
 						if err == nil {
 							tk.Release()
 						}

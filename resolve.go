@@ -55,7 +55,7 @@ func (s *Store[R]) Resolve(ctx context.Context, key string, val R, err error) er
 		return fmt.Errorf("%w: key %q already has an outcome", ErrNotInterrupted, key)
 	}
 	done := rec
-	if eerr := s.Encode(&done, val, Final(err)); eerr != nil {
+	if eerr := s.encode(&done, val, Final(err)); eerr != nil {
 		return eerr
 	}
 	switch cerr := s.complete(context.WithoutCancel(ctx), done); {

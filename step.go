@@ -126,7 +126,7 @@ var errOperationEnded = errors.New("idem: Step after its operation ended; fn did
 // operation stopped runs again, with the same StepKey. An ordinary error
 // from fn is returned and not recorded. Without Resume or a Stepper, Step
 // calls fn once per run of the operation and records nothing; so too
-// inside a transactional mode's fn (RunOnceTx, BeginLocal), whose work
+// inside a transactional mode's fn (RunOnceTx, beginLocal), whose work
 // commits all at once or not at all.
 //
 // A name is one step: a second call of a name in one run, even at the same

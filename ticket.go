@@ -52,7 +52,7 @@ type Ticket[R any] struct {
 
 	// The durable claim, if the store has a Backend; nil without one, and
 	// for a ticket whose caller keeps the record in a transaction of its
-	// own (BeginLocal).
+	// own (beginLocal).
 	claim *backend.Record
 	op    *operation // what Step knows of this execution; in ctx, and so in work
 
@@ -65,12 +65,12 @@ type Ticket[R any] struct {
 	detached  detached // ctx without its cancellation, kept here to save an allocation
 
 	waited   bool        // begin waited for an execution in flight; for the Observer
-	replayed bool        // FinishReplayed: the owner found the outcome recorded; for the Observer
+	replayed bool        // finishReplayed: the owner found the outcome recorded; for the Observer
 	start    time.Time   // when an owner's call began; set only with an Observer
 	endSpan  func(error) // ends the Observer's "idem.execute" span; nil without one
 
 	finished  bool // set by the first Finish or Release
-	finalizer bool // a finalizer is set: Begin and BeginLocal's tickets
+	finalizer bool // a finalizer is set: Begin and beginLocal's tickets
 	val       R    // the replayed outcome, or what Finish returned
 	err       error
 }
@@ -109,14 +109,15 @@ func (s *Store[R]) Begin(ctx context.Context, key string, payload any) (*Ticket[
 	return t, nil
 }
 
-// BeginLocal is Begin for a caller that keeps key's durable record itself,
+// beginLocal is Begin for a caller that keeps key's durable record itself,
 // in a transaction that also holds the operation's own writes, such as
 // postgres.RunOnceTx: it claims key in this store's memory only, so that
 // duplicates in this process wait for Finish instead of for the
 // transaction, and neither it nor Finish writes to the Backend. Finish then
 // hands the outcome to those duplicates and forgets it; later calls read
-// the record the caller committed. Most callers want Begin.
-func (s *Store[R]) BeginLocal(ctx context.Context, key string, payload any) (*Ticket[R], error) {
+// the record the caller committed. The transactional modes reach it
+// through internal/seam (local.go).
+func (s *Store[R]) beginLocal(ctx context.Context, key string, payload any) (*Ticket[R], error) {
 	t := new(Ticket[R])
 	if err := s.begin(ctx, key, payload, false, true, t); err != nil {
 		return nil, err
@@ -125,7 +126,7 @@ func (s *Store[R]) BeginLocal(ctx context.Context, key string, payload any) (*Ti
 	return t, nil
 }
 
-// open readies a ticket that Begin or BeginLocal returns: an owner's
+// open readies a ticket that Begin or beginLocal returns: an owner's
 // ExecutionTimeout runs from now, and a finalizer releases the key if the
 // ticket is dropped unfinished.
 func (t *Ticket[R]) open() {
@@ -226,12 +227,12 @@ func (t *Ticket[R]) dropFinalizer() {
 	}
 }
 
-// FinishReplayed is Finish for a ticket from BeginLocal whose caller found
+// finishReplayed is Finish for a ticket from beginLocal whose caller found
 // the key's outcome already recorded in its own transaction (another
 // process committed it): the duplicates waiting here get it, and the
 // Observer counts the call as a replay rather than an execution. It is
 // for transactional modes such as postgres.RunOnceTx.
-func (t *Ticket[R]) FinishReplayed(val R, err error) (R, error) {
+func (t *Ticket[R]) finishReplayed(val R, err error) (R, error) {
 	if t.e != nil && !t.finished {
 		t.replayed = true
 	}

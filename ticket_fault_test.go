@@ -56,7 +56,7 @@ func TestAbandonedTicketWithTimeoutIsReleased(t *testing.T) {
 				var tk *Ticket[int]
 				var err error
 				if tc.loc {
-					tk, err = s.BeginLocal(ctx, "k", "p")
+					tk, err = s.beginLocal(ctx, "k", "p")
 				} else {
 					tk, err = s.Begin(ctx, "k", "p")
 				}

@@ -180,7 +180,10 @@ func (b *Backend) View(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 // be a *Backend.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *bbolt.Tx) (R, error)) (R, error) {
 	var zero R
-	opts := store.Options()
+	if store == nil {
+		return zero, errors.New("bolt: RunOnceTx with a nil store")
+	}
+	opts := txrun.Of(store).Options()
 	b, ok := opts.Backend.(*Backend)
 	switch {
 	case !ok:
@@ -200,7 +203,7 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 // key has no live record; otherwise it answers from the record that stands
 // (replayed, for a recorded outcome).
 func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, *bbolt.Tx) (R, error)) (val R, err error, replayed bool) {
-	opts := store.Options()
+	opts := txrun.Of(store).Options()
 	token := txrun.Token()
 	var standing *backend.Record
 	var final error // fn's final error: recorded in a transaction of its own, once fn's writes are undone
@@ -226,7 +229,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 			return rollback{err}
 		}
 		done := backend.Record{Key: key, Fingerprint: fp, Token: token, CreatedAt: now}
-		if eerr := store.Encode(&done, val, nil); eerr != nil {
+		if eerr := txrun.Of(store).Encode(&done, val, nil); eerr != nil {
 			return rollback{eerr}
 		}
 		if werr := record(tx, done, now, opts.TTL); werr != nil {
@@ -249,7 +252,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 // recordFinal records fn's final error, fn's writes having been rolled
 // back, unless a record appeared in between.
 func recordFinal[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, token string, val R, final error) (R, error, bool) {
-	opts := store.Options()
+	opts := txrun.Of(store).Options()
 	var standing *backend.Record
 	err := b.write(ctx, func(tx *bbolt.Tx) error {
 		now := opts.Now()
@@ -262,7 +265,7 @@ func recordFinal[R any](ctx context.Context, store *idem.Store[R], b *Backend, k
 			return nil
 		}
 		done := backend.Record{Key: key, Fingerprint: fp, Token: token, CreatedAt: now}
-		if err := store.Encode(&done, val, final); err != nil {
+		if err := txrun.Of(store).Encode(&done, val, final); err != nil {
 			return err
 		}
 		return record(tx, done, now, opts.TTL)

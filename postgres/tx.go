@@ -21,7 +21,7 @@ import (
 // error, but rolls fn's writes back).
 //
 // A duplicate in this process waits for the first call's outcome, as with
-// RunOnce (idem.Store.BeginLocal); one in another process blocks on the
+// RunOnce (txrun.Local.BeginLocal); one in another process blocks on the
 // table's primary key until the first transaction ends, then replays its
 // outcome, or runs fn itself if the first rolled back. A key reused with
 // another payload is idem.ErrPayloadMismatch; a key held by an ordinary,
@@ -39,7 +39,10 @@ import (
 // and must not commit or roll it back.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx pgx.Tx) (R, error)) (R, error) {
 	var zero R
-	opts := store.Options()
+	if store == nil {
+		return zero, errors.New("postgres: RunOnceTx with a nil store")
+	}
+	opts := txrun.Of(store).Options()
 	b, ok := opts.Backend.(*Backend)
 	switch {
 	case !ok:
@@ -128,7 +131,7 @@ func claimTx(ctx context.Context, tx pgx.Tx, b *Backend, key string, args []any)
 // runTx runs fn in a savepoint of tx, which holds the new claim, and commits
 // the outcome, or rolls everything back.
 func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.Tx, claim backend.Record, fn func(context.Context, pgx.Tx) (R, error)) (val R, err error) {
-	opts := store.Options()
+	opts := txrun.Of(store).Options()
 	savepoint, err := tx.Begin(ctx)
 	if err != nil {
 		return val, &idem.BackendError{Op: "claim", Err: err}
@@ -147,7 +150,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 		return val, cerr
 	}
 	done := claim
-	if eerr := store.Encode(&done, val, err); eerr != nil {
+	if eerr := txrun.Of(store).Encode(&done, val, err); eerr != nil {
 		return val, txrun.Unrecorded(err, eerr)
 	}
 	var xid int64

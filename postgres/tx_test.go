@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/txrun"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -45,7 +46,7 @@ func TestRunOnceTx(t *testing.T) {
 		return id, err
 	}
 	keys := func(key string) int {
-		_, found, err := s.Options().Backend.Get(ctx, key, time.Now())
+		_, found, err := txrun.Of(s).Options().Backend.Get(ctx, key, time.Now())
 		require.NoError(t, err)
 		if found {
 			return 1

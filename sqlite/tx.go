@@ -21,7 +21,7 @@ import (
 // the key and its error, but rolls fn's writes back).
 //
 // A duplicate in this process waits for the first call's outcome, as with
-// RunOnce (idem.Store.BeginLocal); one in another process waits on
+// RunOnce (txrun.Local.BeginLocal); one in another process waits on
 // SQLite's write lock until the first transaction ends, then replays its
 // outcome, or runs fn itself if the first rolled back. A key reused with
 // another payload is idem.ErrPayloadMismatch; a key held by an ordinary,
@@ -50,7 +50,10 @@ import (
 // of fn's own key waits for itself, as with RunOnce.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *sql.Tx) (R, error)) (R, error) {
 	var zero R
-	opts := store.Options()
+	if store == nil {
+		return zero, errors.New("sqlite: RunOnceTx with a nil store")
+	}
+	opts := txrun.Of(store).Options()
 	b, ok := opts.Backend.(*Backend)
 	switch {
 	case !ok:
@@ -88,7 +91,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	// the busy timeout: the claim waits on, as a duplicate in this process
 	// would, for as long as the work's context lasts (its caller leaves
 	// earlier, on its own ctx).
-	now := store.Options().Now()
+	now := txrun.Of(store).Options().Now()
 	claim := backend.Record{Key: key, Fingerprint: fp, Token: txrun.Token(), State: backend.StatePending, CreatedAt: now}
 	var tx *sql.Tx
 	var rec backend.Record
@@ -119,7 +122,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 // runTx runs fn in a savepoint of tx, which holds the new claim, and commits
 // the outcome, or rolls everything back.
 func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql.Tx, guard *commitGuard, claim backend.Record, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
-	opts := store.Options()
+	opts := txrun.Of(store).Options()
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT idem_fn`); err != nil {
 		return val, &idem.BackendError{Op: "claim", Err: closedErr(err)}
 	}
@@ -138,7 +141,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 		return val, txrun.Unrecorded(err, ended(rerr))
 	}
 	done := claim
-	if eerr := store.Encode(&done, val, err); eerr != nil {
+	if eerr := txrun.Of(store).Encode(&done, val, err); eerr != nil {
 		return val, txrun.Unrecorded(err, eerr)
 	}
 	if cerr := b.execIn(ctx, tx, b.q.complete, done.Key, done.Token, opts.Now().Add(opts.TTL).UnixNano(), done.Value, done.Failed, done.ErrMsg); cerr != nil {

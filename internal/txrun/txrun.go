@@ -13,7 +13,35 @@ import (
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/seam"
 )
+
+// Local is what a transactional mode needs of an idem.Store beyond its
+// users' API; package idem provides it through internal/seam.
+type Local[R any] interface {
+	// BeginLocal is Begin for a caller that keeps key's durable record
+	// itself, in its own transaction: it claims key in the store's memory
+	// only, so that duplicates in this process wait for Finish, and
+	// neither it nor Finish writes to the Backend.
+	BeginLocal(ctx context.Context, key string, payload any) (*idem.Ticket[R], error)
+	// FinishReplayed finishes a ticket from BeginLocal whose caller found
+	// the outcome already recorded in its transaction: the waiters get
+	// it, and the Observer counts a replay, not an execution.
+	FinishReplayed(t *idem.Ticket[R], val R, err error) (R, error)
+	// Encode fills a completed record's outcome fields (State, Value,
+	// Failed, ErrMsg) with the store's Codec.
+	Encode(rec *backend.Record, val R, err error) error
+	// Decode returns the outcome a completed record holds; a final error
+	// comes back with its message, and idem.IsFinal recognises it.
+	Decode(rec backend.Record) (R, error)
+	// Options returns the options the store runs with, defaults applied.
+	Options() idem.Options
+}
+
+// Of returns store's transactional view. store must not be nil.
+func Of[R any](store *idem.Store[R]) Local[R] {
+	return seam.Local(store).(Local[R])
+}
 
 // Do runs work with t.Do and returns its outcome, or, if ctx ends first,
 // an error that matches both idem.ErrInProgress and ctx.Err() while the
@@ -63,20 +91,21 @@ func Unrecorded(fnErr, cause error) error {
 }
 
 // Run is what every RunOnceTx does around its backend's transaction: it
-// claims key in this process (idem.Store.BeginLocal), answers a replay,
+// claims key in this process (Local.BeginLocal), answers a replay,
 // and runs tx, which gets the payload's fingerprint and returns the
 // outcome and whether it found that outcome already recorded (a replay,
 // not an execution). The caller waits under its own ctx (Do).
 func Run[R any](ctx context.Context, store *idem.Store[R], key string, payload any, tx func(ctx context.Context, fp idem.Fingerprint) (R, error, bool)) (R, error) {
 	var zero R
-	t, err := store.BeginLocal(ctx, key, payload)
+	l := Of(store)
+	t, err := l.BeginLocal(ctx, key, payload)
 	if err != nil {
 		return zero, err
 	}
 	if t.Replayed() {
 		return t.Result()
 	}
-	fp, err := store.Options().Fingerprint(payload)
+	fp, err := l.Options().Fingerprint(payload)
 	if err != nil {
 		t.Release()
 		return zero, err
@@ -84,7 +113,7 @@ func Run[R any](ctx context.Context, store *idem.Store[R], key string, payload a
 	return Do(ctx, t, func(ctx context.Context) (R, error) {
 		val, err, replayed := tx(ctx, fp)
 		if replayed { // recorded by another process or store: a replay
-			return t.FinishReplayed(val, err)
+			return l.FinishReplayed(t, val, err)
 		}
 		return val, err
 	})
@@ -99,7 +128,7 @@ func Answer[R any](store *idem.Store[R], rec backend.Record, fp idem.Fingerprint
 	case rec.Fingerprint != fp:
 		return zero, idem.ErrPayloadMismatch, false
 	case rec.State == backend.StateCompleted:
-		val, err := store.Decode(rec)
+		val, err := Of(store).Decode(rec)
 		return val, err, true
 	case rec.State == backend.StatePending:
 		return zero, idem.ErrHeldOutsideTx, false

@@ -18,6 +18,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/txrun"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -59,7 +60,7 @@ func Run(t *testing.T, h Harness) {
 // keyState is the state of key's record in s's Backend, or "free".
 func keyState(t *testing.T, s *idem.Store[int], key string) string {
 	t.Helper()
-	rec, ok, err := s.Options().Backend.Get(context.Background(), key, s.Options().Now())
+	rec, ok, err := txrun.Of(s).Options().Backend.Get(context.Background(), key, txrun.Of(s).Options().Now())
 	require.NoError(t, err)
 	if !ok {
 		return "free"
@@ -331,6 +332,8 @@ func testBadInput(t *testing.T, h Harness) {
 	assert.ErrorIs(t, err, idem.ErrInvalidKey)
 	_, err = h.RunOnceTx(context.Background(), s, "k", "p", nil)
 	assert.Error(t, err, "a nil fn")
+	_, err = h.RunOnceTx(context.Background(), nil, "k", "p", writeOne)
+	assert.ErrorContains(t, err, "nil store")
 	other := idem.New[int](idem.Options{Backend: &notOurs{}})
 	defer other.Close()
 	_, err = h.RunOnceTx(context.Background(), other, "k", "p", writeOne)

@@ -188,20 +188,33 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 		t.op.end()
 	}
 	final := isFinalOutcome(err)
-	settled := false
+	settled, recorded := false, false
+	pin, endRecord := false, noEnd
 	defer func() {
-		if !settled {
+		switch {
+		case settled:
+		case recorded: // the Observer's NotRecorded ended the goroutine
+			s.settleEntry(t, val, err, final, pin)
+		default:
 			s.finishExited(t, val, err, final)
 		}
 	}()
-	pin, endRecord := false, noEnd
+	var unrecorded *NotRecordedError
 	if t.claim != nil {
 		t.ctx, endRecord = s.span(t.ctx, "idem.record", e.key)
-		val, err, pin = s.finishDurable(t, val, err, final)
+		val, err, unrecorded, pin = s.finishDurable(t, val, err, final)
+	}
+	recorded = true // as far as it will be: the entry's fate is known
+	if unrecorded != nil {
+		// Before the waiters wake: whoever hears the outcome may
+		// rely on the Observer having heard it was not recorded.
+		endRecord(unrecorded)
+		s.notRecorded(t.ctx, e.key, unrecorded)
+	} else {
+		endRecord(err)
 	}
 	s.settleEntry(t, val, err, final, pin)
 	settled = true
-	endRecord(err)
 	// The Observer last, once the key is settled for everyone.
 	if t.endSpan != nil {
 		t.endSpan(err)
@@ -253,7 +266,8 @@ func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
 		s.settleEntry(t, val, err, false, false)
 	default:
 		s.holdLease(stopLease)
-		s.settleEntry(t, val, errors.Join(err, &NotRecordedError{Err: errExited}), true, true)
+		s.settleEntry(t, val, err, true, true)
+		s.notRecorded(t.ctx, t.e.key, &NotRecordedError{Err: errExited})
 	}
 }
 

@@ -285,13 +285,14 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 // is completed, anything else releases the claim. Both use a context that
 // the work's timeout cannot end, so a finished operation is never lost for
 // want of time to record it, and the lease is renewed until the outcome is
-// settled. pin reports a final outcome that the backend could not record,
-// so that its record stays pending: memory must hold the outcome meanwhile
+// settled. A final outcome the backend could not record comes back as
+// unrecorded (the caller answers the outcome all the same), and pin
+// reports that its record stays pending: memory must hold the outcome meanwhile
 // (the store goes on trying to record it, its lease still renewed), or
 // this process would find the key pending. A release that cannot get
 // through is finished in the background instead. finishDurable takes
 // t.stopLease over once nothing of the user's runs any more.
-func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, _ error, pin bool) {
+func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, _ error, _ *NotRecordedError, pin bool) {
 	record := context.WithoutCancel(t.ctx)
 	claim := *t.claim
 	if !final {
@@ -299,9 +300,9 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 		// lease was made to lapse.
 		t.takeLease()()
 		if rerr := s.letGo(record, claim, t.op); rerr != nil {
-			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), false
+			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), nil, false
 		}
-		return val, err, false
+		return val, err, nil, false
 	}
 	done := claim
 	rerr := s.encode(&done, val, err) // the Codec: the user's code
@@ -312,7 +313,7 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 	stopLease := t.takeLease()
 	if rerr == nil {
 		stopLease()
-		return val, err, false
+		return val, err, nil, false
 	}
 	// Never release a key after the work succeeded: it stays claimed
 	// (durably pending, interrupted after a restart) and memory replays it
@@ -323,13 +324,13 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 	switch {
 	case errors.Is(rerr, backend.ErrNotOwner):
 		stopLease()
-		return val, errors.Join(err, &NotRecordedError{Err: rerr}), false
+		return val, err, &NotRecordedError{Err: rerr}, false
 	case encoded:
 		s.completeLater(done, t.e, stopLease)
 	default:
 		s.holdLease(stopLease)
 	}
-	return val, errors.Join(err, &NotRecordedError{Err: rerr}), true
+	return val, err, &NotRecordedError{Err: rerr}, true
 }
 
 // letGo gives up claim after a failure before commit: it is released, or,

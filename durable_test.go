@@ -215,18 +215,19 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 		return nil
 	}}
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
-	s := durableStore(t, b, idem.Options{Now: clock.Now, TTL: time.Hour, SettleTimeout: 50 * time.Millisecond})
+	var un idemtest.Unrecorded
+	s := durableStore(t, b, idem.Options{Now: clock.Now, TTL: time.Hour, SettleTimeout: 50 * time.Millisecond, Observer: un.Observer()})
 	calls, fn := countingFn(order{7, 7})
 	ctx := context.Background()
 	v, err := s.RunOnce(ctx, "k", "p", fn)
 	assert.Equal(t, order{7, 7}, v, "the caller is told the result")
-	var nr *idem.NotRecordedError
-	require.ErrorAs(t, err, &nr)
-	assert.ErrorIs(t, err, full)
+	require.NoError(t, err, "a success is answered as one, recorded or not")
+	require.NotNil(t, un.Of("k"), "the Observer is told it was not recorded")
+	assert.ErrorIs(t, un.Of("k"), full)
 
 	v, err = s.RunOnce(ctx, "k", "p", fn)
 	assert.Equal(t, order{7, 7}, v, "memory replays the result")
-	assert.ErrorAs(t, err, &nr)
+	assert.NoError(t, err)
 	assert.Equal(t, int32(1), calls.Load(), "a key whose fn succeeded is never released")
 
 	assert.ErrorIs(t, s.Forget(ctx, "k"), idem.ErrInProgress, "its record is pending under a live lease, so it cannot be forgotten yet")
@@ -236,8 +237,9 @@ func TestUnrecordedOutcomeKeepsKeyClaimed(t *testing.T) {
 	clock.Advance(48 * time.Hour)
 	v, err = s.RunOnce(ctx, "k", "p", fn)
 	assert.Equal(t, order{7, 7}, v, "the unrecorded outcome is pinned: it does not expire while the store lives")
-	assert.ErrorAs(t, err, &nr)
+	assert.NoError(t, err)
 	assert.Equal(t, int32(1), calls.Load())
+	assert.Equal(t, 1, un.Count("k"), "told once, by the execution, not by each replay")
 
 	mem.Crash() // after a restart the key is interrupted, not free
 	restarted := durableStore(t, mem, idem.Options{})
@@ -387,17 +389,18 @@ func TestLostLeaseIsFenced(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{Lease: time.Second}) // the hook takes over at the first renewal, lease/3 in
+	var un idemtest.Unrecorded
+	s := durableStore(t, b, idem.Options{Lease: time.Second, Observer: un.Observer()}) // the hook takes over at the first renewal, lease/3 in
 	var cause error
-	_, err := s.RunOnce(ctx, "k", "p", func(ctx context.Context) (order, error) {
+	v, err := s.RunOnce(ctx, "k", "p", func(ctx context.Context) (order, error) {
 		<-ctx.Done()
 		cause = context.Cause(ctx)
 		return order{1, 1}, nil // the stale owner finishes all the same
 	})
 	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
-	var nr *idem.NotRecordedError
-	require.ErrorAs(t, err, &nr)
-	assert.ErrorIs(t, err, backend.ErrNotOwner, "the stale owner is told its outcome was refused")
+	require.NoError(t, err, "its work took effect: the caller is answered it")
+	assert.Equal(t, order{1, 1}, v)
+	assert.ErrorIs(t, un.Of("k"), backend.ErrNotOwner, "the Observer is told its outcome was refused")
 	rec, _, err := mem.Get(ctx, "k", time.Now())
 	require.NoError(t, err)
 	assert.Equal(t, "new-owner", rec.Token)

@@ -123,17 +123,22 @@ func (e *PanicError) Unwrap() error {
 	return err
 }
 
-// NotRecordedError is returned, together with fn's result, when fn finished
-// with a final outcome but the Backend could not record it, though the
-// store kept trying for Options.SettleTimeout and read the record back. The
-// key stays claimed rather than released, since the operation took effect:
-// for as long as the store lives, this process replays the outcome from
-// memory, keeps the claim's lease renewed (so no other store takes the key
-// for interrupted and runs it again) and goes on trying to record it; after
-// a restart the key is interrupted (ErrOutcomeUnknown) until an operator
-// reconciles it. If instead the claim was lost (Err
-// matches backend.ErrNotOwner: its lease lapsed and another owner took the key),
-// the backend holds that owner's outcome, which later callers get.
+// NotRecordedError says why a final outcome (a success, or an error marked
+// Final) was not recorded, though the store kept trying for
+// Options.SettleTimeout and read the record back. It is never returned
+// with the outcome: the operation took effect, so every caller is answered
+// the outcome as if it were recorded, and a caller who checks err != nil
+// cannot take a success for a failure and do the work again under a new
+// key. The store logs it, and tells Observer.NotRecorded.
+//
+// The key stays claimed rather than released: for as long as the store
+// lives, this process replays the outcome from memory, keeps the claim's
+// lease renewed (so no other store takes the key for interrupted and runs
+// it again) and goes on trying to record it; after a restart the key is
+// interrupted (ErrOutcomeUnknown) until an operator reconciles it. If
+// instead the claim was lost (Err matches backend.ErrNotOwner: its lease
+// lapsed, or an operator deleted it, and another owner may have taken the
+// key), the backend holds what it holds now, which later callers get.
 type NotRecordedError struct {
 	Err error // why recording failed
 }

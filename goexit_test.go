@@ -68,6 +68,8 @@ func TestGoexitInCodecMarshal(t *testing.T) {
 	for _, final := range []bool{false, true} {
 		mem := idemtest.NewMemoryBackend()
 		s := idem.New[order](idem.Options{Backend: mem, Codec: exitingCodec{marshal: true}, SettleTimeout: 50 * time.Millisecond})
+		// (The Goexit ends the recording goroutine, so the Observer is
+		// not told: the store only logs it.)
 		out := make(chan error, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // fn runs on a goroutine of the store's
 		defer cancel()
@@ -82,8 +84,7 @@ func TestGoexitInCodecMarshal(t *testing.T) {
 		}()
 		err := <-out
 		if final {
-			var nr *idem.NotRecordedError
-			require.ErrorAs(t, err, &nr, "the caller hears that the outcome was not recorded")
+			require.NoError(t, err, "the caller is answered its success, recorded or not")
 		} else {
 			require.EqualError(t, err, "transient")
 			waitFor(t, absent(mem, "k"), "the failed key is released")
@@ -204,4 +205,31 @@ func TestGoexitInObserver(t *testing.T) {
 			})
 		}
 	}
+}
+
+// runtime.Goexit in the Observer's NotRecorded, told of an outcome the
+// Backend could not record: the caller is answered all the same, the
+// store goes on holding the outcome (a second call replays it, fn does not
+// run again), and Close returns.
+func TestGoexitInObserverNotRecorded(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Complete" {
+			return errors.New("disk full")
+		}
+		return nil
+	}}
+	s := idem.New[order](idem.Options{Backend: b, SettleTimeout: 20 * time.Millisecond, Observer: &idem.Observer{
+		NotRecorded: func(context.Context, string, error) { runtime.Goexit() },
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // fn runs on a goroutine of the store's
+	defer cancel()
+	calls, fn := countingFn(order{4, 4})
+	for range 2 {
+		v, err := s.RunOnce(ctx, "k", "p", fn)
+		require.NoError(t, err)
+		assert.Equal(t, order{4, 4}, v)
+	}
+	assert.Equal(t, int32(1), calls.Load(), "the outcome is held: fn does not run again")
+	closes(t, s)
 }

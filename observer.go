@@ -55,6 +55,22 @@ type Observer struct {
 	// Sweep is told how many expired outcomes a sweep removed, and its
 	// error.
 	Sweep func(ctx context.Context, removed int, err error)
+
+	// NotRecorded is told of a final outcome that the Backend could not
+	// record (err is a *NotRecordedError saying why, and whether the claim
+	// was lost to another owner). The caller was answered the outcome all
+	// the same: the operation took effect. The store logs it at Error too.
+	NotRecorded func(ctx context.Context, key string, err error)
+}
+
+// notRecorded logs and reports a final outcome the Backend could not
+// record.
+func (s *Store[R]) notRecorded(ctx context.Context, key string, err *NotRecordedError) {
+	s.opts.Logger.Error("idem: outcome not recorded", "key", key, "err", err)
+	if o := s.opts.Observer; o != nil && o.NotRecorded != nil {
+		defer s.recoverObserver("NotRecorded")
+		o.NotRecorded(ctx, key, err)
+	}
 }
 
 // observe tells the Observer, if any, how a call that did not run the work

@@ -92,7 +92,8 @@ func TestHostileConcurrentResolveBothSucceed(t *testing.T) {
 func TestHostileResolveRacesOwnerComplete(t *testing.T) {
 	clock := newFakeClock()
 	mem := idemtest.NewMemoryBackend()
-	owner := New[string](Options{Backend: mem, Now: clock.Now, Lease: time.Hour, SweepInterval: -1})
+	var un idemtest.Unrecorded
+	owner := New[string](Options{Backend: mem, Now: clock.Now, Lease: time.Hour, SweepInterval: -1, Observer: un.Observer()})
 	tk, err := owner.Begin(context.Background(), "m3", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +119,8 @@ func TestHostileResolveRacesOwnerComplete(t *testing.T) {
 func TestHostileOwnerFinishAfterResolveToldRecorded(t *testing.T) {
 	clock := newFakeClock()
 	mem := idemtest.NewMemoryBackend()
-	owner := New[string](Options{Backend: mem, Now: clock.Now, Lease: time.Hour, SweepInterval: -1})
+	var un idemtest.Unrecorded
+	owner := New[string](Options{Backend: mem, Now: clock.Now, Lease: time.Hour, SweepInterval: -1, Observer: un.Observer()})
 	tk, err := owner.Begin(context.Background(), "m3", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -132,9 +134,8 @@ func TestHostileOwnerFinishAfterResolveToldRecorded(t *testing.T) {
 	owner.Close()
 	rec, _, _ := mem.Get(context.Background(), "m3", clock.Now())
 	t.Logf("owner Finish: %q %v; recorded %s", v, ferr, rec.Value)
-	var nr *NotRecordedError
-	if !errors.As(ferr, &nr) && !strings.Contains(string(rec.Value), "owner") {
-		t.Fatalf("owner's Finish returned (%q, %v) with no NotRecordedError, but the backend replays %s", v, ferr, rec.Value)
+	if un.Of("m3") == nil && !strings.Contains(string(rec.Value), "owner") {
+		t.Fatalf("owner's Finish returned (%q, %v) and no Observer heard it was not recorded, but the backend replays %s", v, ferr, rec.Value)
 	}
 }
 

@@ -184,11 +184,12 @@ func TestUnrecordedOutcomeIsRecordedLater(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond})
+	var un idemtest.Unrecorded
+	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond, Observer: un.Observer()})
 	calls, fn := countingFn(order{7, 7})
 	v, err := s.RunOnce(context.Background(), "k", "p", fn)
-	var nr *idem.NotRecordedError
-	require.ErrorAs(t, err, &nr)
+	require.NoError(t, err)
+	require.ErrorIs(t, un.Of("k"), errLost, "the Observer is told it was not recorded")
 	assert.Equal(t, order{7, 7}, v)
 	assert.Equal(t, 1, s.Len(), "memory holds the unrecorded outcome")
 
@@ -220,10 +221,11 @@ func TestPinEndsWhenTheKeyChangedHands(t *testing.T) {
 		}
 		return nil
 	}}
-	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond, Lease: 500 * time.Millisecond})
+	var un idemtest.Unrecorded
+	s := durableStore(t, b, idem.Options{SettleTimeout: 50 * time.Millisecond, Lease: 500 * time.Millisecond, Observer: un.Observer()})
 	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{8, 8}, nil })
-	var nr *idem.NotRecordedError
-	require.ErrorAs(t, err, &nr)
+	require.NoError(t, err)
+	require.NotNil(t, un.Of("k"))
 	operator := durableStore(t, mem, idem.Options{})
 	waitFor(t, func() bool { return operator.Forget(context.Background(), "k") == nil }, "the lapsed claim can be forgotten")
 	_, err = operator.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{9, 9}, nil })

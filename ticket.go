@@ -189,8 +189,8 @@ func (t *Ticket[R]) Context() context.Context {
 }
 
 // Finish ends the operation with the work's outcome and returns what the
-// caller should answer: val and err, joined with a *NotRecordedError if a
-// final outcome could not be recorded. A success, or an error marked
+// caller should answer: val and err, even if a final outcome could not be
+// recorded (see NotRecordedError; the store logs it). A success, or an error marked
 // Final, is recorded and replayed to every caller with the key until it
 // expires; any other error (a *PanicError included) releases the key, so
 // the next call does the work again. Either way the duplicates waiting in

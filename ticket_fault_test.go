@@ -4,8 +4,10 @@ package idem
 // every point of a claim, dropped tickets, a Codec that panics.
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -474,10 +476,11 @@ func TestTicketDurableExecutionTimeout(t *testing.T) {
 	tk2.Release()
 }
 
-// A Codec that returns an error: the success comes back with a
-// *NotRecordedError that names the Codec and wraps its error, so a caller
-// (and the model suite) can tell an outcome that cannot be encoded, which
-// is held until the store closes, from a backend write that will be retried.
+// A Codec that returns an error: the success is answered, and the Observer
+// is told of a *NotRecordedError that names the Codec and wraps its error,
+// so that an operator (and the model suite) can tell an outcome that cannot
+// be encoded, which is held until the store closes, from a backend write
+// that will be retried.
 type errCodec struct{ err error }
 
 func (c errCodec) Marshal(any) ([]byte, error)      { return nil, c.err }
@@ -485,12 +488,18 @@ func (errCodec) Unmarshal(data []byte, v any) error { return nil }
 
 func TestCodecErrorIsNamedInNotRecorded(t *testing.T) {
 	cause := errors.New("json: unsupported type: chan int")
-	s := New[int](Options{Backend: newStubBackend(), Codec: errCodec{cause}, SweepInterval: -1})
+	var told error
+	var logged bytes.Buffer
+	s := New[int](Options{Backend: newStubBackend(), Codec: errCodec{cause}, SweepInterval: -1, Observer: &Observer{
+		NotRecorded: func(_ context.Context, _ string, err error) { told = err },
+	}, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	defer s.Close()
 	v, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 7, nil })
-	var nr *NotRecordedError
-	require.ErrorAs(t, err, &nr)
-	require.ErrorIs(t, err, cause)
-	require.Contains(t, err.Error(), "the Codec could not encode the outcome")
+	require.NoError(t, err)
 	require.Equal(t, 7, v)
+	var nr *NotRecordedError
+	require.ErrorAs(t, told, &nr)
+	require.ErrorIs(t, told, cause)
+	require.Contains(t, told.Error(), "the Codec could not encode the outcome")
+	assert.Contains(t, logged.String(), "level=ERROR msg=\"idem: outcome not recorded\" key=k", "the store logs it, since it returns no error")
 }

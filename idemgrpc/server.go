@@ -213,14 +213,10 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return rec.reply(resp, err)
 	})
 	var pe *idem.PanicError
-	var nr *idem.NotRecordedError
 	switch {
 	case errors.As(err, &pe):
 		s.opts.Logger.Error("idemgrpc: handler panicked; its key is released", "method", info.FullMethod, "panic", pe.Value, "stack", string(pe.Stack))
 		return nil, status.Error(codes.Internal, "the call failed; it may be retried with the same key")
-	case errors.As(err, &nr):
-		s.opts.Logger.Error("idemgrpc: response delivered but not yet recorded", "method", info.FullMethod, "err", err)
-		return decode(reply)
 	case err != nil:
 		var unstored *handlerError
 		if errors.As(err, &unstored) {
@@ -270,8 +266,7 @@ func (s *server) refusal(err error) error {
 
 // replay answers a call from a remembered reply, marked as a replay.
 func (s *server) replay(ctx context.Context, reply Reply, err error) (any, error) {
-	var nr *idem.NotRecordedError
-	if err != nil && !errors.As(err, &nr) {
+	if err != nil {
 		return nil, s.refusal(err)
 	}
 	header := metadata.Join(reply.Header, metadata.Pairs(ReplayedHeader, "true"))

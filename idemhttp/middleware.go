@@ -295,7 +295,6 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 // response, or started to (written).
 func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Header, written bool, err error, lk logKey) {
 	var pe *idem.PanicError
-	var nr *idem.NotRecordedError
 	switch {
 	case err == nil:
 	case errors.As(err, &pe):
@@ -316,8 +315,6 @@ func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Hea
 			h[k] = v
 		}
 		g.fail(w, r, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0, err)
-	case errors.As(err, &nr):
-		g.opts.Logger.Error("idemhttp: response delivered but not yet recorded; retries replay it from memory while the store goes on recording it", lk.with("err", err)...)
 	default:
 		if _, plain := err.(*notStored); !plain { // a release that failed too
 			g.opts.Logger.Error("idemhttp: releasing the key of an unremembered response", lk.with("err", err)...)
@@ -330,13 +327,8 @@ func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Hea
 func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error, lk logKey) {
 	var ns *notStored
 	var pe *idem.PanicError
-	var nr *idem.NotRecordedError
 	switch {
 	case err == nil:
-		resp.write(w)
-	case errors.As(err, &nr) && resp.Status != 0:
-		// Remembered in this process while the store records it: the
-		// handler finished, so its response is the answer.
 		resp.write(w)
 	case errors.As(err, &ns) && ns.complete:
 		ns.resp.write(w) // the shared execution's outcome, not kept for later

@@ -97,10 +97,10 @@ func viaBegin(s *idem.Store[receipt], ctx context.Context, key string, payload a
 	if err != nil {
 		return receipt{}, err
 	}
-	defer tk.Release()
 	if tk.Replayed() {
 		return tk.Result()
 	}
+	defer tk.Release()
 	v, err := fn(tk.Context())
 	return tk.Finish(v, err)
 }

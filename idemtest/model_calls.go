@@ -32,6 +32,9 @@ type modelCall struct {
 	pin           *pin  // the outcome its store held unrecorded when it started
 
 	exec    atomic.Pointer[execEvent] // this call's own execution, once its fn runs (on the store's goroutine)
+	// unrecorded is what the store's Observer was told, if its own
+	// execution's final outcome was not recorded (on the store's goroutine).
+	unrecorded atomic.Pointer[idem.NotRecordedError]
 	val     receipt
 	err     error
 	exited  bool // the call's goroutine ended with runtime.Goexit
@@ -83,11 +86,15 @@ func (w *world) prepare(c *modelCall) {
 	}
 }
 
+// callKey is the context key under which a call's ctx carries it, so
+// that the Observer can tell the call its outcome was not recorded.
+type callKey struct{}
+
 // do makes the call c on this goroutine and fills in how it ended. A
 // panic out of it (Begin's fn panics on up the caller's stack, as
 // documented) is how the call ended; a Goexit too.
 func (w *world) do(c *modelCall) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), callKey{}, c), c.timeout)
 	defer cancel()
 	ran := w.fn(c.ms, c.key, c.payload, c.p, &c.exec)
 	start := time.Now()
@@ -190,11 +197,15 @@ func (w *world) check(c *modelCall) string {
 		}
 		return "the call's goroutine exited"
 	}
-	var nr *idem.NotRecordedError
 	var ee execError
 	var be *idem.BackendError
 	var pe *idem.PanicError
-	if errors.As(err, &nr) { // an outcome held unrecorded, a success or a final error
+	// The Observer hears of an outcome of the call's own execution held
+	// unrecorded (a success or a final error) before the call is answered.
+	if nr := c.unrecorded.Load(); nr != nil {
+		if !disturbed && !w.troubled.Load() {
+			return "an outcome not recorded with no fault: " + nr.Error()
+		}
 		if why := nr.Err.Error(); strings.Contains(why, "Codec") || strings.Contains(why, "Goexit") {
 			// An outcome that could not be encoded is held, its lease
 			// renewed, until its store closes: documented.
@@ -210,7 +221,7 @@ func (w *world) check(c *modelCall) string {
 			w.hold(c.key, forever) // until it is recorded, after a heal
 			// A claim that may have been lost while the call ran (a
 			// clock step, a renew outage, a drop) pins nothing sure.
-			sure := w.unpins.Load() == c.unpins0
+			sure := w.unpins.Load() == c.unpins0 && (err == nil || idem.IsFinal(err))
 			if sure && (!c.ms.killed && !c.ms.closed.Load() && !strings.HasPrefix(c.via, "Begin/") || c.via == "Begin/finish") {
 				w.mu.Lock()
 				w.pins[c.key] = pin{store: c.ms.id, value: c.val.N, payload: c.payload}
@@ -227,12 +238,7 @@ func (w *world) check(c *modelCall) string {
 		if !known {
 			return fmt.Sprintf("a final error no execution of the key returned: %v", err)
 		}
-	case err == nil || errors.As(err, &nr) && !errors.Is(err, idem.ErrClosed):
-		if err != nil && !disturbed && !w.troubled.Load() {
-			// (A replay of an outcome held unrecorded says so until
-			// its background write lands, after a heal.)
-			return "an outcome not recorded with no fault: " + err.Error()
-		}
+	case err == nil:
 		if c.ran() && strings.HasPrefix(c.via, "Begin/") && c.via != "Begin/finish" {
 			return "" // the caller's own fn's answer, not the store's
 		}

@@ -348,9 +348,10 @@ func (c modelCodec) Marshal(v any) ([]byte, error) {
 
 func (c modelCodec) Unmarshal(data []byte, v any) error { return idem.JSONCodec{}.Unmarshal(data, v) }
 
-// observer returns an Observer whose Executing and Span misbehave as u
-// says. A misError there has nothing to return an error to and is
-// ignored.
+// observer returns an Observer whose Executing, Span and NotRecorded
+// misbehave as u says. A misError there has nothing to return an error to
+// and is ignored. NotRecorded first tells the call whose outcome it is
+// (carried by its ctx) what it heard.
 func (u *userCode) observerHooks() *idem.Observer {
 	hook := func() { _ = misbehave(u.take(&u.observer)) }
 	return &idem.Observer{
@@ -358,6 +359,13 @@ func (u *userCode) observerHooks() *idem.Observer {
 		Span: func(ctx context.Context, _, _ string) (context.Context, func(error)) {
 			hook()
 			return ctx, func(error) {}
+		},
+		NotRecorded: func(ctx context.Context, _ string, err error) {
+			var nr *idem.NotRecordedError
+			if c, ok := ctx.Value(callKey{}).(*modelCall); ok && errors.As(err, &nr) {
+				c.unrecorded.Store(nr)
+			}
+			hook()
 		},
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -42,14 +43,15 @@ func TestDatabaseClosedMidRun(t *testing.T) {
 	own, err := pgxpool.New(context.Background(), pool.Config().ConnString())
 	require.NoError(t, err)
 	b, table := testBackend(t, own)
-	s := idem.New[int](idem.Options{Backend: b})
+	var un idemtest.Unrecorded
+	s := idem.New[int](idem.Options{Observer: un.Observer(), Backend: b})
 	defer s.Close()
 	_, err = s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) {
 		own.Close() // the database goes away while fn runs
 		return 1, nil
 	})
-	var nr *idem.NotRecordedError
-	require.ErrorAs(t, err, &nr, "the caller is told the outcome was not recorded")
+	require.NoError(t, err, "the caller is answered its success")
+	require.NotNil(t, un.Of("k"), "the Observer is told the outcome was not recorded")
 	var state int
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT state FROM "+table+" WHERE key = 'k'").Scan(&state))
 	assert.Equal(t, int(backend.StatePending), state, "nothing recorded as completed")

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -52,11 +53,12 @@ func (h *exitOnScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// Store-level: the Goexit in the hook during Complete makes RunOnce
-// answer a plain success, with no *NotRecordedError, while the record is
-// still pending: the store stopped renewing its lease and dropped the
-// outcome from memory, so after one lease the key is interrupted (and
-// with RetryInterrupted another store runs fn again).
+// Store-level: the Goexit in the hook during Complete once left the record
+// pending while the store stopped renewing its lease and dropped the
+// outcome from memory, so after one lease the key was interrupted (and
+// with RetryInterrupted another store ran fn again). Now RunOnce answers
+// the success, and if the record is still pending the store holds the
+// outcome: the key replays it and fn never runs again.
 func TestReviewRedisGoexitInCompleteReportsRecorded(t *testing.T) {
 	rdb := testClient(t)
 	h := &exitOnScript{}
@@ -74,8 +76,13 @@ func TestReviewRedisGoexitInCompleteReportsRecorded(t *testing.T) {
 	rec, found, gerr := b.Get(ctx, "k", time.Now())
 	require.NoError(t, gerr)
 	require.True(t, found)
-	if err == nil {
-		require.Equal(t, backend.StateCompleted, rec.State,
-			"RunOnce answered %q as recorded (no *NotRecordedError), but the record is %v: bound turned the Goexit into a nil error", val, rec.State)
+	require.NoError(t, err)
+	require.Equal(t, "ok", val)
+	if rec.State != backend.StateCompleted {
+		again, err := s.RunOnce(ctx, "k", "p", func(context.Context) (string, error) {
+			return "", errors.New("fn ran again while its outcome was held unrecorded")
+		})
+		require.NoError(t, err)
+		require.Equal(t, "ok", again, "the record is %v, yet the store does not hold the outcome", rec.State)
 	}
 }

@@ -3,6 +3,7 @@ package multiproc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -169,16 +170,20 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 		}}
 		// Long enough that the claim's reply lands within the store's
 		// trust on a loaded machine, so fn starts.
-		old := idem.New[int](idem.Options{Backend: stalled, Lease: 1500 * time.Millisecond})
+		var un idemtest.Unrecorded
+		old := idem.New[int](idem.Options{Backend: stalled, Lease: 1500 * time.Millisecond, Observer: un.Observer()})
 		defer old.Close()
 		inFn, resume := make(chan struct{}), make(chan struct{})
 		result := make(chan error, 1)
 		go func() {
-			_, err := old.RunOnce(ctx, "k", "p", func(context.Context) (int, error) {
+			v, err := old.RunOnce(ctx, "k", "p", func(context.Context) (int, error) {
 				close(inFn)
 				<-resume
 				return 1, nil
 			})
+			if err == nil && v != 1 {
+				err = fmt.Errorf("the stalled owner was answered %d, not its own 1", v)
+			}
 			result <- err
 		}()
 		select {
@@ -202,8 +207,8 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 		assert.Equal(t, 2, v)
 
 		close(resume)
-		err = <-result
-		assert.ErrorIs(t, err, backend.ErrNotOwner, "the stalled owner is told its outcome was refused")
+		require.NoError(t, <-result, "the stalled owner's work took effect: it is answered")
+		assert.ErrorIs(t, un.Of("k"), backend.ErrNotOwner, "its Observer is told the outcome was refused")
 		v, err = fresh.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 3, nil })
 		require.NoError(t, err)
 		assert.Equal(t, 2, v, "the record keeps the new owner's outcome")

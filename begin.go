@@ -202,7 +202,7 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	var unrecorded *NotRecordedError
 	if t.claim != nil {
 		t.ctx, endRecord = s.span(t.ctx, "idem.record", e.key)
-		val, err, unrecorded, pin = s.finishDurable(t, val, err, final)
+		val, unrecorded, pin, err = s.finishDurable(t, val, err, final)
 	}
 	recorded = true // as far as it will be: the entry's fate is known
 	if unrecorded != nil {

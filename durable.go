@@ -292,7 +292,7 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 // this process would find the key pending. A release that cannot get
 // through is finished in the background instead. finishDurable takes
 // t.stopLease over once nothing of the user's runs any more.
-func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, _ error, _ *NotRecordedError, pin bool) {
+func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, unrecorded *NotRecordedError, pin bool, _ error) {
 	record := context.WithoutCancel(t.ctx)
 	claim := *t.claim
 	if !final {
@@ -300,9 +300,9 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 		// lease was made to lapse.
 		t.takeLease()()
 		if rerr := s.letGo(record, claim, t.op); rerr != nil {
-			return val, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)), nil, false
+			return val, nil, false, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr))
 		}
-		return val, err, nil, false
+		return val, nil, false, err
 	}
 	done := claim
 	rerr := s.encode(&done, val, err) // the Codec: the user's code
@@ -313,7 +313,7 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 	stopLease := t.takeLease()
 	if rerr == nil {
 		stopLease()
-		return val, err, nil, false
+		return val, nil, false, err
 	}
 	// Never release a key after the work succeeded: it stays claimed
 	// (durably pending, interrupted after a restart) and memory replays it
@@ -324,13 +324,13 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 	switch {
 	case errors.Is(rerr, backend.ErrNotOwner):
 		stopLease()
-		return val, err, &NotRecordedError{Err: rerr}, false
+		return val, &NotRecordedError{Err: rerr}, false, err
 	case encoded:
 		s.completeLater(done, t.e, stopLease)
 	default:
 		s.holdLease(stopLease)
 	}
-	return val, err, &NotRecordedError{Err: rerr}, true
+	return val, &NotRecordedError{Err: rerr}, true, err
 }
 
 // letGo gives up claim after a failure before commit: it is released, or,

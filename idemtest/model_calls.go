@@ -31,15 +31,15 @@ type modelCall struct {
 	unpins0       int64 // the world's unpins when it started
 	pin           *pin  // the outcome its store held unrecorded when it started
 
-	exec    atomic.Pointer[execEvent] // this call's own execution, once its fn runs (on the store's goroutine)
+	exec atomic.Pointer[execEvent] // this call's own execution, once its fn runs (on the store's goroutine)
 	// unrecorded is what the store's Observer was told, if its own
 	// execution's final outcome was not recorded (on the store's goroutine).
 	unrecorded atomic.Pointer[idem.NotRecordedError]
-	val     receipt
-	err     error
-	exited  bool // the call's goroutine ended with runtime.Goexit
-	took    time.Duration
-	bounded time.Duration // the part of took that ctx bounds
+	val        receipt
+	err        error
+	exited     bool // the call's goroutine ended with runtime.Goexit
+	took       time.Duration
+	bounded    time.Duration // the part of took that ctx bounds
 }
 
 func (c *modelCall) String() string {

@@ -14,7 +14,7 @@ import (
 // or Ticket, where every user's completion list would offer it.
 func TestRootAPIIsTheUsers(t *testing.T) {
 	for typ, want := range map[reflect.Type][]string{
-		reflect.TypeFor[*idem.Store[int]]():  {"Begin", "Close", "Forget", "Len", "Records", "Resolve", "RunOnce", "Sweep"},
+		reflect.TypeFor[*idem.Store[int]]():  {"Begin", "Close", "Forget", "Len", "Records", "Resolve", "RunOnce", "Shutdown", "Sweep"},
 		reflect.TypeFor[*idem.Ticket[int]](): {"Context", "Do", "Finish", "Release", "Replayed", "Result"},
 	} {
 		var got []string

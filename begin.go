@@ -71,6 +71,9 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 	if ctx == nil {
 		return errNilContext
 	}
+	if s.misuse != nil {
+		return s.misuse
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -174,3 +174,36 @@ func TestForeverTTLOnBolt(t *testing.T) {
 	}
 	assert.Equal(t, int32(1), calls.Load(), "an outcome kept for ever expired at once")
 }
+
+// Shutdown is Close bounded by a context: it refuses new calls at once,
+// and when its context ends first it says what it left, which goes on and
+// is settled as it finishes; a later Close waits for it.
+func TestShutdownSaysWhatItLeft(t *testing.T) {
+	s := idem.New[int](idem.Options{SweepInterval: -1})
+	tk, err := s.Begin(context.Background(), "k", "p")
+	require.NoError(t, err)
+	require.False(t, tk.Replayed())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err = s.Shutdown(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "keys in flight: 1")
+	_, err = s.RunOnce(context.Background(), "other", "p", func(context.Context) (int, error) { return 1, nil })
+	assert.ErrorIs(t, err, idem.ErrClosed, "refused from the first Shutdown on")
+
+	v, err := tk.Finish(5, nil)
+	require.NoError(t, err, "the open ticket goes on")
+	assert.Equal(t, 5, v)
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case err := <-closed:
+		assert.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return once the ticket finished")
+	}
+	assert.NoError(t, s.Shutdown(context.Background()), "closed: nothing left")
+	var nilCtx context.Context
+	assert.Error(t, s.Shutdown(nilCtx), "a nil context")
+}

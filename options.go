@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -20,9 +21,11 @@ type Options struct {
 
 	// SweepInterval is how often a background goroutine removes expired
 	// outcomes from memory and from the Backend. Expiry is also checked on
-	// every lookup, so the sweeper bounds storage, never correctness. Zero means one minute, or the
-	// TTL if that is shorter; negative means no background sweeper (call
-	// Store.Sweep yourself).
+	// every lookup, so the sweeper bounds storage, never correctness. Zero
+	// means one minute, or the TTL if that is shorter, but never more often
+	// than once a second (a 1 ms TTL must not run a 1 kHz sweeper); a
+	// positive value is used as it is; negative means no background
+	// sweeper (call Store.Sweep yourself).
 	SweepInterval time.Duration
 
 	// MaxKeys bounds the keys held in memory, in flight or remembered (with a
@@ -86,8 +89,10 @@ type Options struct {
 	RetryInterrupted bool
 
 	// Resume makes operations resumable, with a Backend that records steps
-	// (backend.Stepper: bolt, sqlite, postgres, redis; with another it is
-	// ignored). Each step's outcome (Step) is recorded under the key as it
+	// (backend.Stepper: bolt, sqlite, postgres, redis). With no Backend, or
+	// one that does not record steps, every RunOnce and Begin fails with
+	// an error saying so, rather than run without the resumption asked
+	// for. Each step's outcome (Step) is recorded under the key as it
 	// finishes. A key whose operation was interrupted (its process died),
 	// or failed with an ordinary error after a step, stays at its last
 	// recovery point (it is not released), and the next call takes it over
@@ -112,6 +117,7 @@ type Options struct {
 const (
 	defaultTTL           = 24 * time.Hour
 	defaultSweepInterval = time.Minute
+	minDefaultSweep      = time.Second
 	defaultLease         = 30 * time.Second
 	defaultSettleTimeout = 10 * time.Second
 
@@ -120,6 +126,17 @@ const (
 	longest = 100 * 365 * 24 * time.Hour
 )
 
+// check returns why o cannot be run as asked, or nil.
+func (o Options) check() error {
+	if !o.Resume {
+		return nil
+	}
+	if _, ok := o.Backend.(backend.Stepper); !ok {
+		return fmt.Errorf("idem: Options.Resume needs a Backend that records steps (a backend.Stepper); %T is not one", o.Backend)
+	}
+	return nil
+}
+
 // withDefaults returns o with every zero field replaced by its default.
 func (o Options) withDefaults() Options {
 	if o.TTL <= 0 {
@@ -127,7 +144,7 @@ func (o Options) withDefaults() Options {
 	}
 	o.TTL = min(o.TTL, longest)
 	if o.SweepInterval == 0 {
-		o.SweepInterval = min(defaultSweepInterval, o.TTL)
+		o.SweepInterval = max(min(defaultSweepInterval, o.TTL), minDefaultSweep)
 	}
 	if o.MaxKeys < 0 {
 		o.MaxKeys = 0

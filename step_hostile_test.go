@@ -117,7 +117,6 @@ func TestHostileStepUnencodableResultWithoutRecording(t *testing.T) {
 		opts idem.Options
 	}{
 		{"memory-only", idem.Options{}},
-		{"memory-only+resume", idem.Options{Resume: true}},
 		{"backend-without-resume", idem.Options{Backend: idemtest.NewMemoryBackend()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -483,31 +482,6 @@ func TestHostileReplayedTicketHasNoOperation(t *testing.T) {
 	assert.ErrorIs(t, err, idem.ErrNoOperation)
 	assert.False(t, ran, "a step ran for a replayed operation")
 	assert.Equal(t, "", idem.OperationKey(tk.Context()))
-}
-
-// A memory-only store with Resume: nothing to record, so an ordinary error
-// after a step releases the key and the retry runs the step again (what
-// the doc says: "Without Resume or a Stepper ... records nothing").
-func TestHostileMemoryOnlyResumeReleases(t *testing.T) {
-	s := hsStore[string](t, idem.Options{Resume: true})
-	var runs atomic.Int32
-	fn := func(fail bool) func(ctx context.Context) (string, error) {
-		return func(ctx context.Context) (string, error) {
-			if _, err := idem.Step(ctx, "a", func(context.Context) (int, error) { runs.Add(1); return 1, nil }); err != nil {
-				return "", err
-			}
-			if fail {
-				return "", errors.New("transient")
-			}
-			return "ok", nil
-		}
-	}
-	_, err := s.RunOnce(context.Background(), "k", "p", fn(true))
-	require.Error(t, err)
-	got, err := s.RunOnce(context.Background(), "k", "p", fn(false))
-	require.NoError(t, err)
-	assert.Equal(t, "ok", got)
-	assert.Equal(t, int32(2), runs.Load())
 }
 
 // The same step name used for two different result types in one

@@ -233,27 +233,32 @@ func TestStepResultSurvivesRestart(t *testing.T) {
 // plainBackend hides its backend's Stepper methods.
 type plainBackend struct{ backend.Backend }
 
-// With a Backend that records no steps, Resume is ignored: Step records
-// nothing, and an interrupted key is ErrOutcomeUnknown.
-func TestResumeIgnoredWithoutStepper(t *testing.T) {
-	mem := idemtest.NewMemoryBackend()
-	b := plainBackend{mem}
-	ctx := context.Background()
-	first := idem.New[string](idem.Options{Backend: b, Resume: true})
-	defer first.Close()
-	atGate, wake := make(chan struct{}), make(chan struct{})
-	op := &threeSteps{gate: func(context.Context) error { close(atGate); <-wake; return errors.New("gone") }}
-	go func() { _, _ = first.RunOnce(ctx, "k", "p", op.fn) }()
-	<-atGate
-	mem.Crash()
-	rec, _, err := b.Get(ctx, "k", time.Now())
+// Resume with no Backend, or one that records no steps, cannot do what
+// it asks: every RunOnce and Begin says so, and no fn runs, rather than
+// run without the recovery points the caller counts on.
+func TestResumeWithoutStepperIsRefused(t *testing.T) {
+	for name, b := range map[string]backend.Backend{
+		"no backend":              nil,
+		"a backend with no steps": plainBackend{idemtest.NewMemoryBackend()},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := idem.New[string](idem.Options{Backend: b, Resume: true})
+			defer s.Close()
+			_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (string, error) {
+				t.Error("fn ran")
+				return "", nil
+			})
+			require.ErrorContains(t, err, "Options.Resume needs a Backend that records steps")
+			_, err = s.Begin(context.Background(), "k", "p")
+			require.ErrorContains(t, err, "backend.Stepper")
+		})
+	}
+	// idemtest.Faulty passes the Stepper through, so fault tests of Resume
+	// test it.
+	s := idem.New[string](idem.Options{Backend: idemtest.Faulty{Backend: idemtest.NewMemoryBackend()}, Resume: true})
+	defer s.Close()
+	_, err := s.RunOnce(context.Background(), "k", "p", (&threeSteps{}).fn)
 	require.NoError(t, err)
-	assert.Empty(t, rec.Steps)
-	second := idem.New[string](idem.Options{Backend: b, Resume: true})
-	defer second.Close()
-	_, err = second.RunOnce(ctx, "k", "p", (&threeSteps{}).fn)
-	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	close(wake)
 }
 
 // A step whose fn ends its goroutine (runtime.Goexit, as t.FailNow does)

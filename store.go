@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // A Store runs each keyed operation at most once and remembers its outcome.
@@ -18,7 +17,10 @@ type Store[R any] struct {
 	table  *table[R]
 	closed atomic.Bool // set by Close before the table refuses claims
 
+	misuse error // why the options cannot run as asked; every claim returns it
+
 	closeOnce sync.Once
+	closeDone chan struct{} // closed once closing has finished
 	stop      chan struct{} // closed by Close to stop the sweeper
 	swept     chan struct{} // closed by the sweeper when it exits; nil if there is none
 
@@ -39,8 +41,10 @@ var testHookWait func()
 // New returns a Store configured by opts and starts its background sweeper.
 func New[R any](opts Options) *Store[R] {
 	s := &Store[R]{
-		opts: opts.withDefaults(),
-		stop: make(chan struct{}),
+		opts:      opts.withDefaults(),
+		misuse:    opts.check(),
+		stop:      make(chan struct{}),
+		closeDone: make(chan struct{}),
 	}
 	s.table = newTable[R](s.opts.MaxKeys)
 	s.stopping, s.endStopping = context.WithCancel(context.Background())
@@ -215,42 +219,5 @@ func (s *Store[R]) sweepAll(ctx context.Context, stop func() error) (int, error)
 // Len returns the number of keys held in memory, in flight or remembered,
 // including expired ones not yet swept.
 func (s *Store[R]) Len() int { return s.table.len() }
-
-// Close stops the sweeper, refuses later calls with ErrClosed, and waits for
-// executions in flight to finish and be recorded; Options.ExecutionTimeout
-// bounds that wait for an fn that honours its context. Claims whose fate
-// the store could not learn (a lost reply while the backend was failing)
-// then get up to Options.SettleTimeout more to be released, so that they do
-// not leave their keys interrupted; one still unknown after that is left to
-// its lease. Close does not close
-// Options.Backend, which the caller opened. Callers waiting on
-// those executions still get their outcomes. Close is idempotent: later calls
-// return nil at once, or once the first has finished. Calling Close from
-// inside fn deadlocks, since Close waits for fn.
-func (s *Store[R]) Close() error {
-	s.closeOnce.Do(func() {
-		s.closed.Store(true)
-		s.table.close()
-		close(s.stop)
-		s.endStopping()
-		if s.swept != nil {
-			<-s.swept
-		}
-		s.table.running.Wait()
-		// Claims of unknown fate get a settle timeout to be released, so
-		// that closing a store during a backend blip strands no key.
-		if idle := s.releases.done(); idle != nil {
-			grace := time.NewTimer(s.opts.SettleTimeout)
-			select {
-			case <-idle:
-			case <-grace.C:
-			}
-			grace.Stop()
-		}
-		s.endClosing()
-		s.background.Wait()
-	})
-	return nil
-}
 
 func noStop() error { return nil }

@@ -312,6 +312,25 @@ func (t *table[R]) len() int {
 	return n
 }
 
+// held counts the entries in flight, and those pinned (an outcome held
+// until the Backend takes it).
+func (t *table[R]) held() (inFlight, pinned int) {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.entries {
+			switch {
+			case !e.completed:
+				inFlight++
+			case e.expires.IsZero():
+				pinned++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return inFlight, pinned
+}
+
 // close refuses every later claim. After it returns, running only goes down.
 func (t *table[R]) close() {
 	for i := range t.shards {

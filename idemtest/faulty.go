@@ -2,6 +2,8 @@ package idemtest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/seed094d4201/idem/backend"
@@ -9,8 +11,14 @@ import (
 
 // Faulty wraps a Backend and fails the operations its functions pick. Both
 // are called with the operation's name ("Claim", "Complete", "Release",
-// "Renew", "Get", "Forget", "Sweep"); a nil function, or a nil error from
-// it, lets the call through. They must be safe for concurrent use.
+// "Renew", "Get", "Forget", "Sweep", and "RecordStep", "Resume", "Each");
+// a nil function, or a nil error from it, lets the call through. They must
+// be safe for concurrent use.
+//
+// Faulty is a backend.Stepper and a backend.Lister too, so that a fault
+// test of Resume or of Records through it tests them: their calls go
+// through to the wrapped Backend, and fail with errors.ErrUnsupported if it
+// is not one.
 type Faulty struct {
 	backend.Backend
 
@@ -24,7 +32,10 @@ type Faulty struct {
 	Lose func(op string) error
 }
 
-var _ backend.Backend = Faulty{}
+var (
+	_ backend.Stepper = Faulty{}
+	_ backend.Lister  = Faulty{}
+)
 
 func (f Faulty) fail(op string) error {
 	if f.Fail == nil {
@@ -116,4 +127,52 @@ func (f Faulty) Sweep(ctx context.Context, now time.Time, limit int) (int, error
 		return 0, lerr
 	}
 	return n, err
+}
+
+func (f Faulty) stepper() (backend.Stepper, error) {
+	if st, ok := f.Backend.(backend.Stepper); ok {
+		return st, nil
+	}
+	return nil, fmt.Errorf("idemtest: Faulty wraps %T, which records no steps: %w", f.Backend, errors.ErrUnsupported)
+}
+
+func (f Faulty) RecordStep(ctx context.Context, key, token string, step backend.Step, now time.Time) error {
+	st, err := f.stepper()
+	if err != nil {
+		return err
+	}
+	if err := f.fail("RecordStep"); err != nil {
+		return err
+	}
+	err = st.RecordStep(ctx, key, token, step, now)
+	if lerr := f.lose("RecordStep"); lerr != nil {
+		return lerr
+	}
+	return err
+}
+
+func (f Faulty) Resume(ctx context.Context, key, old, token string, now time.Time, lease time.Duration) (backend.Record, error) {
+	st, err := f.stepper()
+	if err != nil {
+		return backend.Record{}, err
+	}
+	if err := f.fail("Resume"); err != nil {
+		return backend.Record{}, err
+	}
+	rec, err := st.Resume(ctx, key, old, token, now, lease)
+	if lerr := f.lose("Resume"); lerr != nil {
+		return backend.Record{}, lerr
+	}
+	return rec, err
+}
+
+func (f Faulty) Each(ctx context.Context, fn func(backend.Record) error) error {
+	l, ok := f.Backend.(backend.Lister)
+	if !ok {
+		return fmt.Errorf("idemtest: Faulty wraps %T, which cannot list its records: %w", f.Backend, errors.ErrUnsupported)
+	}
+	if err := f.fail("Each"); err != nil {
+		return err
+	}
+	return l.Each(ctx, fn)
 }

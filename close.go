@@ -1,0 +1,86 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Close stops the sweeper, refuses later calls with ErrClosed, and waits for
+// executions in flight and open tickets to finish and be recorded;
+// Options.ExecutionTimeout bounds that wait for an fn that honours its
+// context, and Shutdown bounds it by a context. Claims whose fate the store
+// could not learn (a lost reply while the backend was failing) then get up
+// to Options.SettleTimeout more to be released, so that they do not leave
+// their keys interrupted; one still unknown after that is left to its
+// lease. Close does not close Options.Backend, which the caller opened.
+// Callers waiting on those executions still get their outcomes. Close is
+// idempotent: later calls return nil once the first has finished. Calling
+// Close from inside fn deadlocks, since Close waits for fn.
+func (s *Store[R]) Close() error {
+	s.startClose()
+	<-s.closeDone
+	return nil
+}
+
+// Shutdown closes the store as Close does, but waits only until ctx ends,
+// as http.Server.Shutdown does. It refuses new calls at once. If ctx ends
+// before every execution and open ticket has finished, Shutdown returns an
+// error that matches ctx.Err() and says what it left: the keys still in
+// flight, which go on and are recorded as they finish (a later Close waits
+// for them), and the outcomes still held for a Backend that has not taken
+// them.
+func (s *Store[R]) Shutdown(ctx context.Context) error {
+	if ctx == nil {
+		return errNilContext
+	}
+	s.startClose()
+	select {
+	case <-s.closeDone:
+		return nil
+	case <-ctx.Done():
+	}
+	select {
+	case <-s.closeDone: // finished at the same moment
+		return nil
+	default:
+	}
+	inFlight, pinned := s.table.held()
+	return fmt.Errorf("idem: shutdown: %w; left keys in flight: %d, outcomes not yet recorded: %d", ctx.Err(), inFlight, pinned)
+}
+
+// startClose starts closing the store, once, on a goroutine of its own;
+// closeDone is closed when it has finished.
+func (s *Store[R]) startClose() {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.table.close()
+		close(s.stop)
+		s.endStopping()
+		go func() {
+			defer close(s.closeDone)
+			s.closeWait()
+		}()
+	})
+}
+
+// closeWait waits for what Close waits for, the store already closed to
+// new calls.
+func (s *Store[R]) closeWait() {
+	if s.swept != nil {
+		<-s.swept
+	}
+	s.table.running.Wait()
+	// Claims of unknown fate get a settle timeout to be released, so
+	// that closing a store during a backend blip strands no key.
+	if idle := s.releases.done(); idle != nil {
+		grace := time.NewTimer(s.opts.SettleTimeout)
+		select {
+		case <-idle:
+		case <-grace.C:
+		}
+		grace.Stop()
+	}
+	s.endClosing()
+	s.background.Wait()
+}

@@ -196,11 +196,13 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	defer func() {
 		switch {
 		case settled:
-		case recorded: // the Observer's NotRecorded ended the goroutine
+			return
+		case recorded: // the Observer's NotRecorded or a span's end ended the goroutine
 			s.settleEntry(t, val, err, final, pin)
 		default:
 			s.finishExited(t, val, err, final)
 		}
+		s.finished(t, err, final)
 	}()
 	var unrecorded *NotRecordedError
 	if t.claim != nil {
@@ -211,22 +213,28 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	if unrecorded != nil {
 		// Before the waiters wake: whoever hears the outcome may
 		// rely on the Observer having heard it was not recorded.
-		endRecord(unrecorded)
 		s.notRecorded(t.ctx, e.key, unrecorded)
+		endRecord(unrecorded)
 	} else {
 		endRecord(err)
 	}
 	s.settleEntry(t, val, err, final, pin)
 	settled = true
-	// The Observer last, once the key is settled for everyone.
+	s.finished(t, err, final)
+	return val, err
+}
+
+// finished tells the Observer, last, once the key is settled for
+// everyone, how t's execution ended; also when the user's code ended
+// finish's goroutine, so that no span and no gauge is left open.
+func (s *Store[R]) finished(t *Ticket[R], err error, final bool) {
 	if t.endSpan != nil {
 		t.endSpan(err)
 	}
 	if s.opts.Observer != nil {
-		s.callObserver(t.ctx, e.key, t.ownerOutcome(final, err), time.Since(t.start))
+		s.callObserver(t.ctx, t.e.key, t.ownerOutcome(final, err), time.Since(t.start))
 		s.executing(t.ctx, -1)
 	}
-	return val, err
 }
 
 // settleEntry ends t's work context and settles its entry in memory with
@@ -269,8 +277,8 @@ func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
 		s.settleEntry(t, val, err, false, false)
 	default:
 		s.holdLease(stopLease)
+		s.notRecorded(t.ctx, t.e.key, &NotRecordedError{Err: errExited}) // before the waiters wake
 		s.settleEntry(t, val, err, true, true)
-		s.notRecorded(t.ctx, t.e.key, &NotRecordedError{Err: errExited})
 	}
 }
 

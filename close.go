@@ -28,8 +28,10 @@ func (s *Store[R]) Close() error {
 // before every execution and open ticket has finished, Shutdown returns an
 // error that matches ctx.Err() and says what it left: the keys still in
 // flight, which go on and are recorded as they finish (a later Close waits
-// for them), and the outcomes still held for a Backend that has not taken
-// them.
+// for them), the outcomes still held for a Backend that has not taken
+// them, and whether releases of claims of unknown fate are still being
+// tried (for up to Options.SettleTimeout). A store with none of those
+// left returns nil, even for a ctx that has ended.
 func (s *Store[R]) Shutdown(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
@@ -46,7 +48,13 @@ func (s *Store[R]) Shutdown(ctx context.Context) error {
 	default:
 	}
 	inFlight, pinned := s.table.held()
-	return fmt.Errorf("idem: shutdown: %w; left keys in flight: %d, outcomes not yet recorded: %d", ctx.Err(), inFlight, pinned)
+	releasing := s.releases.done() != nil
+	if inFlight == 0 && pinned == 0 && !releasing {
+		<-s.closeDone // idle: what is left ends at once, as for http.Server
+		return nil
+	}
+	return fmt.Errorf("idem: shutdown: %w; left keys in flight: %d, outcomes not yet recorded: %d, releases of unknown fate pending: %v",
+		ctx.Err(), inFlight, pinned, releasing)
 }
 
 // startClose starts closing the store, once, on a goroutine of its own;

@@ -207,3 +207,12 @@ func TestShutdownSaysWhatItLeft(t *testing.T) {
 	var nilCtx context.Context
 	assert.Error(t, s.Shutdown(nilCtx), "a nil context")
 }
+
+// An idle store shuts down cleanly even for a ctx that has already ended,
+// as http.Server.Shutdown does.
+func TestShutdownIdleWithEndedContext(t *testing.T) {
+	s := idem.New[int](idem.Options{SweepInterval: -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.NoError(t, s.Shutdown(ctx))
+}

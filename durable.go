@@ -261,6 +261,9 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 		case <-s.stopping.Done():
 			return backend.Record{}, fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
 		case <-ctx.Done():
+			if s.stopping.Err() != nil { // ctx ends with stopping too
+				return backend.Record{}, fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
+			}
 			return backend.Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		}
 		rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
@@ -387,10 +390,10 @@ func (s *Store[R]) encode(rec *backend.Record, val R, err error) error {
 // marshal and unmarshal call the Codec, returning a panic in it (a
 // MarshalJSON that panics, say) as an error, so that it can neither leave
 // a key claimed nor escape the library. An error the Codec returns is
-// wrapped to name the Codec: it reaches the caller inside a
-// *NotRecordedError, where a bare "json: unsupported type" would not say
-// which part of the library could not go on.
-// what names the value ("the outcome", `step "charge"`).
+// wrapped to name the Codec and what it could not encode (what: "the
+// outcome", `step "charge"`): it reaches the Observer and the log inside a
+// *NotRecordedError, or a step's caller, where a bare "json: unsupported
+// type" would not say which part of the library could not go on.
 func marshal(c Codec, v any, what string) (_ []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {

@@ -233,3 +233,54 @@ func TestGoexitInObserverNotRecorded(t *testing.T) {
 	assert.Equal(t, int32(1), calls.Load(), "the outcome is held: fn does not run again")
 	closes(t, s)
 }
+
+// From a hostile review: the Observer hears of an unrecorded outcome even
+// when the "idem.record" span's end ends the goroutine; its ctx has not
+// ended with the caller's; and a Goexit in NotRecorded leaves no
+// execution counted as running.
+func TestNotRecordedIsToldWhateverEndsTheGoroutine(t *testing.T) {
+	failing := func() backend.Backend {
+		return idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: func(op string) error {
+			if op == "Complete" {
+				return errors.New("disk full")
+			}
+			return nil
+		}}
+	}
+	t.Run("span end exits", func(t *testing.T) {
+		var un idemtest.Unrecorded
+		obs := un.Observer()
+		obs.Span = func(ctx context.Context, phase, _ string) (context.Context, func(error)) {
+			return ctx, func(error) {
+				if phase == "idem.record" {
+					runtime.Goexit()
+				}
+			}
+		}
+		s := idem.New[order](idem.Options{Backend: failing(), SettleTimeout: 20 * time.Millisecond, Observer: obs})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := s.RunOnce(ctx, "k", "p", func(context.Context) (order, error) { return order{1, 1}, nil })
+		require.NoError(t, err)
+		assert.Equal(t, 1, un.Count("k"))
+		closes(t, s)
+	})
+	t.Run("hook ctx and gauge", func(t *testing.T) {
+		var running atomic.Int32
+		hookCtx := make(chan error, 1)
+		s := idem.New[order](idem.Options{Backend: failing(), SettleTimeout: 20 * time.Millisecond, Observer: &idem.Observer{
+			Executing: func(_ context.Context, d int) { running.Add(int32(d)) },
+			NotRecorded: func(ctx context.Context, _ string, _ error) {
+				hookCtx <- ctx.Err()
+				runtime.Goexit()
+			},
+		}})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := s.RunOnce(ctx, "k", "p", func(context.Context) (order, error) { return order{1, 1}, nil })
+		require.NoError(t, err)
+		assert.NoError(t, <-hookCtx, "the hook's ctx does not end with the caller's")
+		closes(t, s)
+		assert.Zero(t, running.Load(), "the execution is no longer counted as running")
+	})
+}

@@ -58,8 +58,11 @@ type Observer struct {
 
 	// NotRecorded is told of a final outcome that the Backend could not
 	// record (err is a *NotRecordedError saying why, and whether the claim
-	// was lost to another owner). The caller was answered the outcome all
-	// the same: the operation took effect. The store logs it at Error too.
+	// was lost to another owner), before any caller is answered: the
+	// callers still waiting get the outcome all the same (the operation
+	// took effect), and one whose ctx ended first got ErrInProgress and
+	// gets the outcome on a retry. ctx carries the first caller's values,
+	// not its cancellation. The store logs it at Error too.
 	NotRecorded func(ctx context.Context, key string, err error)
 }
 
@@ -69,7 +72,7 @@ func (s *Store[R]) notRecorded(ctx context.Context, key string, err *NotRecorded
 	s.opts.Logger.Error("idem: outcome not recorded", "key", key, "err", err)
 	if o := s.opts.Observer; o != nil && o.NotRecorded != nil {
 		defer s.recoverObserver("NotRecorded")
-		o.NotRecorded(ctx, key, err)
+		o.NotRecorded(context.WithoutCancel(ctx), key, err)
 	}
 }
 

@@ -131,10 +131,27 @@ func (o Options) check() error {
 	if !o.Resume {
 		return nil
 	}
-	if _, ok := o.Backend.(backend.Stepper); !ok {
+	if !recordsSteps(o.Backend) {
 		return fmt.Errorf("idem: Options.Resume needs a Backend that records steps (a backend.Stepper); %T is not one", o.Backend)
 	}
 	return nil
+}
+
+// recordsSteps reports whether b is a backend.Stepper, looking through
+// wrappers that say what they wrap (an Unwrap method, as idemtest.Faulty
+// has), since a wrapper may pass Stepper calls to a backend that is not one.
+func recordsSteps(b backend.Backend) bool {
+	for b != nil {
+		if _, ok := b.(backend.Stepper); !ok {
+			return false
+		}
+		w, ok := b.(interface{ Unwrap() backend.Backend })
+		if !ok {
+			return true
+		}
+		b = w.Unwrap()
+	}
+	return false
 }
 
 // withDefaults returns o with every zero field replaced by its default.

@@ -254,10 +254,14 @@ func TestResumeWithoutStepperIsRefused(t *testing.T) {
 		})
 	}
 	// idemtest.Faulty passes the Stepper through, so fault tests of Resume
-	// test it.
+	// test it; over a backend with no steps it is refused all the same.
+	over := idem.New[string](idem.Options{Backend: idemtest.Faulty{Backend: plainBackend{idemtest.NewMemoryBackend()}}, Resume: true})
+	defer over.Close()
+	_, err := over.RunOnce(context.Background(), "k", "p", (&threeSteps{}).fn)
+	require.ErrorContains(t, err, "backend.Stepper")
 	s := idem.New[string](idem.Options{Backend: idemtest.Faulty{Backend: idemtest.NewMemoryBackend()}, Resume: true})
 	defer s.Close()
-	_, err := s.RunOnce(context.Background(), "k", "p", (&threeSteps{}).fn)
+	_, err = s.RunOnce(context.Background(), "k", "p", (&threeSteps{}).fn)
 	require.NoError(t, err)
 }
 

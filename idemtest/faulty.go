@@ -129,6 +129,10 @@ func (f Faulty) Sweep(ctx context.Context, now time.Time, limit int) (int, error
 	return n, err
 }
 
+// Unwrap returns the wrapped Backend, so that a Store can tell whether
+// the Stepper that Faulty passes through is really there.
+func (f Faulty) Unwrap() backend.Backend { return f.Backend }
+
 func (f Faulty) stepper() (backend.Stepper, error) {
 	if st, ok := f.Backend.(backend.Stepper); ok {
 		return st, nil

@@ -230,7 +230,7 @@ func (w *world) check(c *modelCall) string {
 		}
 	}
 	switch {
-	case idem.IsFinal(err): // perhaps joined with a *NotRecordedError
+	case idem.IsFinal(err):
 		known := false
 		for f := range finals {
 			known = known || strings.HasPrefix(err.Error(), f)

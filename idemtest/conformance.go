@@ -53,6 +53,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"ManyKeysConcurrently", testManyKeysConcurrently},
 		{"RepeatedWritesAfterLostReplies", testRepeatedWrites},
 		{"CancelledContextWritesNothing", testCancelledContext},
+		{"BuffersNotShared", testBuffersNotShared},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newBackend(t)) })
 	}

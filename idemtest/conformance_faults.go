@@ -77,3 +77,22 @@ func testCancelledContext(t *testing.T, b backend.Backend) {
 	rec, _ = get(t, b, "done")
 	assertOutcome(t, done, "v", rec)
 }
+
+// testBuffersNotShared: a backend copies what it is given and what it
+// hands back. A Store reuses neither, but a backend that keeps the
+// caller's Value slice (or hands out its own) lets a caller's later write
+// change a recorded outcome, which every replay would then answer.
+func testBuffersNotShared(t *testing.T, b backend.Backend) {
+	claim := claimKey(t, b, "k", lease)
+	done := outcome(claim, "original")
+	require.NoError(t, b.Complete(context.Background(), done, time.Now(), ttl))
+	copy(done.Value, "CHANGED!")
+	rec, ok := get(t, b, "k")
+	require.True(t, ok)
+	assert.Equal(t, "original", string(rec.Value), "Complete kept the caller's Value slice")
+	if len(rec.Value) > 0 {
+		rec.Value[0] = 'X'
+	}
+	again, _ := get(t, b, "k")
+	assert.Equal(t, "original", string(again.Value), "Get handed out the backend's own Value slice")
+}

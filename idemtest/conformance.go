@@ -47,6 +47,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"ExpiredTakeoverHasOneWinner", testExpiredTakeoverHasOneWinner},
 		{"SweepSparesClaimOverExpired", testSweepSparesClaimOverExpired},
 		{"SweepDeletesExpiredOnly", testSweepDeletesExpiredOnly},
+		{"SweepOldestFirst", testSweepOldestFirst},
 		{"SweepLimitNotPositive", testSweepLimitNotPositive},
 		{"GetAndForget", testGetAndForget},
 		{"RecordsRoundTrip", testRecordsRoundTrip},

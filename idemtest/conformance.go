@@ -55,6 +55,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"RepeatedWritesAfterLostReplies", testRepeatedWrites},
 		{"CancelledContextWritesNothing", testCancelledContext},
 		{"BuffersNotShared", testBuffersNotShared},
+		{"CallsAfterClose", testCallsAfterClose},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newBackend(t)) })
 	}

@@ -96,3 +96,30 @@ func testBuffersNotShared(t *testing.T, b backend.Backend) {
 	again, _ := get(t, b, "k")
 	assert.Equal(t, "original", string(again.Value), "Get handed out the backend's own Value slice")
 }
+
+// testCallsAfterClose: a backend that can be closed (an io.Closer, as bolt
+// and MemoryBackend are) refuses every call after Close with an error
+// matching backend.ErrClosed, so that a Store over it says "closed", not
+// "unreachable", and never writes through a handle that is gone.
+func testCallsAfterClose(t *testing.T, b backend.Backend) {
+	closer, ok := b.(interface{ Close() error })
+	if !ok {
+		t.Skip("the backend has no Close")
+	}
+	live := claimKey(t, b, "live", lease)
+	require.NoError(t, closer.Close())
+	ctx, now := context.Background(), time.Now()
+	_, _, err := b.Claim(ctx, request("new"), now, lease)
+	assert.ErrorIs(t, err, backend.ErrClosed, "Claim")
+	assert.ErrorIs(t, b.Complete(ctx, outcome(live, "v"), now, ttl), backend.ErrClosed, "Complete")
+	assert.ErrorIs(t, b.Release(ctx, "live", live.Token), backend.ErrClosed, "Release")
+	assert.ErrorIs(t, b.Renew(ctx, "live", live.Token, now, lease), backend.ErrClosed, "Renew")
+	_, _, err = b.Get(ctx, "live", now)
+	assert.ErrorIs(t, err, backend.ErrClosed, "Get")
+	assert.ErrorIs(t, b.Forget(ctx, "live", now), backend.ErrClosed, "Forget")
+	_, err = b.Sweep(ctx, now, 10)
+	assert.ErrorIs(t, err, backend.ErrClosed, "Sweep")
+	if l, ok := b.(backend.Lister); ok {
+		assert.ErrorIs(t, l.Each(ctx, func(backend.Record) error { return nil }), backend.ErrClosed, "Each")
+	}
+}

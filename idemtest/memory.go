@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/seed094d4201/idem"
@@ -20,6 +21,14 @@ import (
 type MemoryBackend struct {
 	mu      sync.Mutex
 	records map[string]backend.Record // guarded by mu; values own their bytes
+	closed  atomic.Bool               // set by Close: every later call is refused
+}
+
+// Close ends the backend, as a durable one's Close does: every later call
+// returns an error matching backend.ErrClosed. It is idempotent.
+func (m *MemoryBackend) Close() error {
+	m.closed.Store(true)
+	return nil
 }
 
 var _ backend.Backend = (*MemoryBackend)(nil)
@@ -30,7 +39,7 @@ func NewMemoryBackend() *MemoryBackend {
 }
 
 func (m *MemoryBackend) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
-	if err := refuseEnded(ctx); err != nil {
+	if err := m.refuse(ctx); err != nil {
 		return backend.Record{}, false, err
 	}
 	m.mu.Lock()
@@ -49,7 +58,7 @@ func (m *MemoryBackend) Claim(ctx context.Context, rec backend.Record, now time.
 }
 
 func (m *MemoryBackend) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
-	if err := refuseEnded(ctx); err != nil {
+	if err := m.refuse(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -65,7 +74,7 @@ func (m *MemoryBackend) Complete(ctx context.Context, rec backend.Record, now ti
 }
 
 func (m *MemoryBackend) Release(ctx context.Context, key, token string) error {
-	if err := refuseEnded(ctx); err != nil {
+	if err := m.refuse(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -85,7 +94,7 @@ func (m *MemoryBackend) ownedLocked(key, token string) bool {
 }
 
 func (m *MemoryBackend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
-	if err := refuseEnded(ctx); err != nil {
+	if err := m.refuse(ctx); err != nil {
 		return backend.Record{}, false, err
 	}
 	m.mu.Lock()
@@ -109,7 +118,7 @@ func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now time.T
 // claim on it is pending and its lease unlapsed at now; otherwise it
 // returns ErrNotOwner.
 func (m *MemoryBackend) changeLive(ctx context.Context, key, token string, now time.Time, change func(backend.Record) backend.Record) error {
-	if err := refuseEnded(ctx); err != nil {
+	if err := m.refuse(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -123,7 +132,7 @@ func (m *MemoryBackend) changeLive(ctx context.Context, key, token string, now t
 }
 
 func (m *MemoryBackend) Forget(ctx context.Context, key string, now time.Time) error {
-	if err := refuseEnded(ctx); err != nil {
+	if err := m.refuse(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -136,7 +145,7 @@ func (m *MemoryBackend) Forget(ctx context.Context, key string, now time.Time) e
 }
 
 func (m *MemoryBackend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
-	if err := refuseEnded(ctx); err != nil {
+	if err := m.refuse(ctx); err != nil {
 		return 0, err
 	}
 	if limit <= 0 {
@@ -160,10 +169,14 @@ func (m *MemoryBackend) Sweep(ctx context.Context, now time.Time, limit int) (in
 	return len(expired), nil
 }
 
-// refuseEnded refuses a call whose ctx has ended before it did anything,
-// as backend.ErrRefused's doc asks: a bare ctx error would leave the Store
-// watching for a write that can never land (and Close waiting for it).
-func refuseEnded(ctx context.Context) error {
+// refuse refuses a call after Close, and one whose ctx has ended before
+// it did anything, as backend.ErrRefused's doc asks: a bare ctx error
+// would leave the Store watching for a write that can never land (and
+// Close waiting for it).
+func (m *MemoryBackend) refuse(ctx context.Context) error {
+	if m.closed.Load() {
+		return backend.ErrClosed
+	}
 	if err := ctx.Err(); err != nil {
 		return backend.Refuse(err)
 	}
@@ -219,7 +232,7 @@ func (m *MemoryBackend) RecordStep(ctx context.Context, key, token string, step 
 
 // Resume takes over key's interrupted record held by old.
 func (m *MemoryBackend) Resume(ctx context.Context, key, old, token string, now time.Time, lease time.Duration) (backend.Record, error) {
-	if err := refuseEnded(ctx); err != nil {
+	if err := m.refuse(ctx); err != nil {
 		return backend.Record{}, err
 	}
 	m.mu.Lock()
@@ -240,6 +253,9 @@ var _ backend.Stepper = (*MemoryBackend)(nil)
 
 // Each calls fn with every record, as stored, in key order.
 func (m *MemoryBackend) Each(ctx context.Context, fn func(backend.Record) error) error {
+	if err := m.refuse(ctx); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	recs := make([]backend.Record, 0, len(m.records))
 	for _, rec := range m.records {

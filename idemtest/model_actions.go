@@ -253,7 +253,12 @@ func (w *world) forget(rt *rapid.T, ms *modelStore, key string) {
 	defer cancel()
 	disturb0, faulted := w.disturbed.Load(), w.anyFault()
 	err := w.admin(rt, "Forget", func() error { return ms.s.Forget(ctx, key) })
-	w.hist.close(p, err == nil)
+	var be *idem.BackendError
+	if err != nil && errors.As(err, &be) && (faulted || ms.f.active()) {
+		w.hist.closeMaybe(p) // the backend's delete may have landed, its reply lost
+	} else {
+		w.hist.close(p, err == nil)
+	}
 	w.hist.note("forget %s in store %d -> %v", key, ms.id, err)
 	if err == nil {
 		w.mu.Lock()

@@ -72,6 +72,9 @@ type permit struct {
 	death bool
 	// by: the store a Forget ran in.
 	by int
+	// maybe: a Forget that failed may have landed (its reply lost): the
+	// key may run again, but what was recorded before may still replay.
+	maybe bool
 	// exec, if not 0: the permit is that execution's end (its failure,
 	// its ticket's release), and lets only a key it held run again.
 	exec int
@@ -174,6 +177,14 @@ func (h *history) close(p *permit, valid bool) {
 	defer h.mu.Unlock()
 	p.to, p.pending, p.valid = h.tick(), false, valid
 	h.noteLocked("window closes: %s (valid %v)", p.why, valid)
+}
+
+// closeMaybe closes p as a write that failed but may have landed.
+func (h *history) closeMaybe(p *permit) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p.to, p.pending, p.valid, p.maybe = h.tick(), false, true, true
+	h.noteLocked("window closes: %s (it may have landed)", p.why)
 }
 
 // allows reports whether p lets next run after prev, and whether that is
@@ -295,7 +306,7 @@ func (h *history) outcomes(key string, seq, store int) (oks map[int]bool, finals
 	defer h.mu.Unlock()
 	var gone []*permit // Forgets before the call
 	for _, p := range h.permits {
-		if p.valid && p.resets && !p.completed && (p.key == "" || p.key == key) && p.to >= 0 && p.to < seq && (p.by == store || store < 0) {
+		if p.valid && p.resets && !p.completed && !p.maybe && (p.key == "" || p.key == key) && p.to >= 0 && p.to < seq && (p.by == store || store < 0) {
 			gone = append(gone, p)
 		}
 	}

@@ -227,13 +227,14 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 // finished tells the Observer, last, once the key is settled for
 // everyone, how t's execution ended; also when the user's code ended
 // finish's goroutine, so that no span and no gauge is left open.
+// Deferred in reverse, so that a Goexit in one hook skips none after it.
 func (s *Store[R]) finished(t *Ticket[R], err error, final bool) {
+	if s.opts.Observer != nil {
+		defer s.executing(t.ctx, -1)
+		defer func() { s.callObserver(t.ctx, t.e.key, t.ownerOutcome(final, err), time.Since(t.start)) }()
+	}
 	if t.endSpan != nil {
 		t.endSpan(err)
-	}
-	if s.opts.Observer != nil {
-		s.callObserver(t.ctx, t.e.key, t.ownerOutcome(final, err), time.Since(t.start))
-		s.executing(t.ctx, -1)
 	}
 }
 

@@ -284,3 +284,49 @@ func TestNotRecordedIsToldWhateverEndsTheGoroutine(t *testing.T) {
 		assert.Zero(t, running.Load(), "the execution is no longer counted as running")
 	})
 }
+
+// From an attack on the core: a Goexit in Observer.Call leaves the
+// Executing gauge balanced, and a clock (Options.Now, the user's code)
+// that panics while an outcome is recorded neither crashes the process
+// from the store's goroutine nor leaves the key in flight.
+func TestGoexitInCallAndPanickingClock(t *testing.T) {
+	t.Run("Call exits", func(t *testing.T) {
+		var gauge atomic.Int32
+		var armed atomic.Bool
+		armed.Store(true)
+		s := idem.New[int](idem.Options{Observer: &idem.Observer{
+			Executing: func(_ context.Context, d int) { gauge.Add(int32(d)) },
+			Call: func(context.Context, string, idem.Outcome, time.Duration) {
+				if armed.CompareAndSwap(true, false) {
+					runtime.Goexit()
+				}
+			},
+		}})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 1, nil })
+		}()
+		<-done
+		closes(t, s)
+		assert.Zero(t, gauge.Load(), "the Executing gauge is balanced")
+	})
+	t.Run("clock panics", func(t *testing.T) {
+		var calls atomic.Int32
+		s := idem.New[int](idem.Options{Now: func() time.Time {
+			if calls.Add(1) == 2 { // the claim reads it first, the outcome second
+				panic("clock broke")
+			}
+			return time.Now()
+		}})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		v, err := s.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 1, nil })
+		require.NoError(t, err)
+		assert.Equal(t, 1, v)
+		v, err = s.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 2, nil })
+		require.NoError(t, err)
+		assert.Equal(t, 1, v, "the outcome was kept")
+		require.NoError(t, s.Shutdown(ctx))
+	})
+}

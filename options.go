@@ -126,6 +126,22 @@ const (
 	longest = 100 * 365 * 24 * time.Hour
 )
 
+// guardedClock returns now, with a panic in it (a clock is the user's
+// code) logged and answered by the system clock, so that it can neither
+// crash the process from a goroutine of the store's nor leave a key in
+// flight half-settled.
+func guardedClock(now func() time.Time, logger *slog.Logger) func() time.Time {
+	return func() (t time.Time) {
+		defer func() {
+			if v := recover(); v != nil {
+				logger.Error("idem: Options.Now panicked; the system clock answers instead", "panic", v)
+				t = time.Now()
+			}
+		}()
+		return now()
+	}
+}
+
 // check returns why o cannot be run as asked, or nil.
 func (o Options) check() error {
 	if !o.Resume {
@@ -169,7 +185,8 @@ func (o Options) withDefaults() Options {
 	if o.ExecutionTimeout < 0 {
 		o.ExecutionTimeout = 0
 	}
-	if o.Now == nil {
+	userClock := o.Now != nil
+	if !userClock {
 		o.Now = time.Now
 	}
 	if o.Fingerprint == nil {
@@ -187,6 +204,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if userClock {
+		o.Now = guardedClock(o.Now, o.Logger)
 	}
 	return o
 }

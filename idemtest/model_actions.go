@@ -261,9 +261,13 @@ func (w *world) forget(rt *rapid.T, ms *modelStore, key string) {
 	}
 	w.hist.note("forget %s in store %d -> %v", key, ms.id, err)
 	if err == nil {
-		w.mu.Lock()
-		delete(w.mayInterrupt, key)
-		w.mu.Unlock()
+		// The key starts afresh, unless renewals still fail: its next
+		// owner's lease may lapse too, and the key be found interrupted.
+		if len(w.renewing) == 0 {
+			w.mu.Lock()
+			delete(w.mayInterrupt, key)
+			w.mu.Unlock()
+		}
 		w.unpin(key)
 	}
 	w.checkAdmin(rt, "Forget", err, disturb0, faulted, ms)

@@ -278,8 +278,10 @@ func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
 		s.settleEntry(t, val, err, false, false)
 	default:
 		s.holdLease(stopLease)
-		s.notRecorded(t.ctx, t.e.key, &NotRecordedError{Err: errExited}) // before the waiters wake
-		s.settleEntry(t, val, err, true, true)
+		// Told before the waiters wake; settled even if the hook ends
+		// this goroutine too.
+		defer s.settleEntry(t, val, err, true, true)
+		s.notRecorded(t.ctx, t.e.key, &NotRecordedError{Err: errExited})
 	}
 }
 

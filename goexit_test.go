@@ -330,3 +330,23 @@ func TestGoexitInCallAndPanickingClock(t *testing.T) {
 		require.NoError(t, s.Shutdown(ctx))
 	})
 }
+
+// A Codec that ends the recording goroutine, then a NotRecorded hook that
+// ends it again: the key is settled all the same (it replays, fn does not
+// run again) and Close returns.
+func TestGoexitInCodecThenInNotRecorded(t *testing.T) {
+	s := idem.New[order](idem.Options{Backend: idemtest.NewMemoryBackend(), Codec: exitingCodec{marshal: true},
+		SettleTimeout: 20 * time.Millisecond, Observer: &idem.Observer{
+			NotRecorded: func(context.Context, string, error) { runtime.Goexit() },
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	calls, fn := countingFn(order{2, 2})
+	for range 2 {
+		v, err := s.RunOnce(ctx, "k", "p", fn)
+		require.NoError(t, err)
+		assert.Equal(t, order{2, 2}, v)
+	}
+	assert.Equal(t, int32(1), calls.Load())
+	closes(t, s)
+}

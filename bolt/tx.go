@@ -101,6 +101,12 @@ func (b *Backend) usable(ctx context.Context) error {
 	case ctx.Value(inTx{}) == b:
 		return backend.Refuse(errNested)
 	case b.readOnly:
+		b.mu.RLock()
+		closed := b.closed
+		b.mu.RUnlock()
+		if closed { // closed says more than read-only, as Close's doc promises
+			return idem.ErrClosed
+		}
 		return backend.Refuse(ErrReadOnly)
 	}
 	return nil

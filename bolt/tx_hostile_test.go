@@ -223,3 +223,21 @@ func TestHostileBoltGroupRetryRunsEachFnAtMostTwice(t *testing.T) {
 	t.Logf("%d calls ran fn %d times in all, one fn up to %d times", n, total, most)
 	assert.LessOrEqual(t, most, int32(2), "a succeeding fn runs at most once more because others in its group failed")
 }
+
+// From an attack on storage: a read-only Backend that was closed answers
+// every call with ErrClosed, as Close's doc says, not "read-only" for the
+// writes and ErrClosed for the reads.
+func TestHostileBoltReadOnlyClosedSaysClosed(t *testing.T) {
+	b, path := openTemp(t, nil)
+	require.NoError(t, b.Close())
+	ro, err := Open(path, &Options{ReadOnly: true})
+	require.NoError(t, err)
+	require.NoError(t, ro.Close())
+	ctx, now := context.Background(), time.Now()
+	assert.ErrorIs(t, ro.Forget(ctx, "k", now), idem.ErrClosed)
+	assert.ErrorIs(t, ro.Release(ctx, "k", "t"), idem.ErrClosed)
+	_, err = ro.Sweep(ctx, now, 10)
+	assert.ErrorIs(t, err, idem.ErrClosed)
+	_, _, err = ro.Get(ctx, "k", now)
+	assert.ErrorIs(t, err, idem.ErrClosed)
+}

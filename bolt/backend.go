@@ -232,7 +232,11 @@ func initialize(db *bbolt.DB) (interrupted int, err error) {
 		}
 		pending, records := tx.Bucket(bucketPending), tx.Bucket(bucketRecords)
 		var keys [][]byte
+		w := newWalk(tx, bucketPending)
 		if err := pending.ForEach(func(k, _ []byte) error {
+			if err := w.step(k); err != nil {
+				return err
+			}
 			keys = append(keys, bytes.Clone(k))
 			return nil
 		}); err != nil {

@@ -158,8 +158,11 @@ func checkRecords(db *bbolt.DB) error {
 	return view(db, func(tx *bbolt.Tx) error {
 		for _, name := range [][]byte{bucketMeta, bucketExpiry, bucketPending} {
 			if b := tx.Bucket(name); b != nil {
-				c := b.Cursor()
+				c, w := b.Cursor(), newWalk(tx, name)
 				for k, v := c.First(); k != nil; k, v = c.Next() {
+					if err := w.step(k); err != nil {
+						return err
+					}
 					if v == nil {
 						return fmt.Errorf("%w: %q in bucket %s is a bucket", ErrCorrupt, k, name)
 					}
@@ -171,8 +174,11 @@ func checkRecords(db *bbolt.DB) error {
 			return nil // a new file, or not idem's: Open says which
 		}
 		limit := min(int64(MaxRecordSize), tx.Size())
-		c := records.Cursor()
+		c, w := records.Cursor(), newWalk(tx, bucketRecords)
 		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if err := w.step(k); err != nil {
+				return err
+			}
 			if int64(len(k))+int64(len(v)) > limit {
 				return fmt.Errorf("%w: record %q claims %d bytes in a file of %d", ErrCorrupt, k, len(v), tx.Size())
 			}
@@ -191,4 +197,32 @@ func checkRecords(db *bbolt.DB) error {
 		}
 		return nil
 	})
+}
+
+// A walk bounds a cursor's walk over a bucket of a file that may be
+// damaged: a page that points back into the walk would make it go round
+// for ever. Keys come in strictly increasing order, and no file holds more
+// entries than it has room for (each takes a 16-byte element header), so
+// a key out of order, or one entry too many, is damage.
+type walk struct {
+	name []byte
+	prev []byte
+	n    int64
+	max  int64
+}
+
+func newWalk(tx *bbolt.Tx, name []byte) *walk {
+	return &walk{name: name, max: tx.Size()/16 + 1}
+}
+
+func (w *walk) step(k []byte) error {
+	w.n++
+	switch {
+	case w.n > w.max:
+		return fmt.Errorf("%w: bucket %s lists more entries than the file can hold", ErrCorrupt, w.name)
+	case w.prev != nil && bytes.Compare(k, w.prev) <= 0:
+		return fmt.Errorf("%w: bucket %s lists key %q after %q, out of order", ErrCorrupt, w.name, k, w.prev)
+	}
+	w.prev = append(w.prev[:0], k...)
+	return nil
 }

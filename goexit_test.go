@@ -222,15 +222,7 @@ func TestGoexitInObserverNotRecorded(t *testing.T) {
 	s := idem.New[order](idem.Options{Backend: b, SettleTimeout: 20 * time.Millisecond, Observer: &idem.Observer{
 		NotRecorded: func(context.Context, string, error) { runtime.Goexit() },
 	}})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // fn runs on a goroutine of the store's
-	defer cancel()
-	calls, fn := countingFn(order{4, 4})
-	for range 2 {
-		v, err := s.RunOnce(ctx, "k", "p", fn)
-		require.NoError(t, err)
-		assert.Equal(t, order{4, 4}, v)
-	}
-	assert.Equal(t, int32(1), calls.Load(), "the outcome is held: fn does not run again")
+	repliesOnce(t, s, order{4, 4})
 	closes(t, s)
 }
 
@@ -339,14 +331,22 @@ func TestGoexitInCodecThenInNotRecorded(t *testing.T) {
 		SettleTimeout: 20 * time.Millisecond, Observer: &idem.Observer{
 			NotRecorded: func(context.Context, string, error) { runtime.Goexit() },
 		}})
+	repliesOnce(t, s, order{2, 2})
+	closes(t, s)
+}
+
+// repliesOnce calls key "k" twice, under a ctx that can end (so fn runs on
+// a goroutine of the store's), and requires the outcome want both times,
+// fn having run once: the outcome is held.
+func repliesOnce(t *testing.T, s *idem.Store[order], want order) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	calls, fn := countingFn(order{2, 2})
+	calls, fn := countingFn(want)
 	for range 2 {
 		v, err := s.RunOnce(ctx, "k", "p", fn)
 		require.NoError(t, err)
-		assert.Equal(t, order{2, 2}, v)
+		assert.Equal(t, want, v)
 	}
-	assert.Equal(t, int32(1), calls.Load())
-	closes(t, s)
+	assert.Equal(t, int32(1), calls.Load(), "the outcome is held: fn does not run again")
 }

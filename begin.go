@@ -205,9 +205,13 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 		s.finished(t, err, final)
 	}()
 	var unrecorded *NotRecordedError
+	var releaseErr error // the release's own failure, for the record span
 	if t.claim != nil {
 		t.ctx, endRecord = s.span(t.ctx, "idem.record", e.key)
-		val, unrecorded, pin, err = s.finishDurable(t, val, err, final)
+		unrecorded, pin, releaseErr = s.finishDurable(t, val, err, final)
+		if releaseErr != nil {
+			err = errors.Join(err, releaseErr)
+		}
 	}
 	recorded = true // as far as it will be: the entry's fate is known
 	if unrecorded != nil {
@@ -216,7 +220,7 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 		s.notRecorded(t.ctx, e.key, unrecorded)
 		endRecord(unrecorded)
 	} else {
-		endRecord(err)
+		endRecord(releaseErr) // nil when the write landed, whatever the outcome it wrote
 	}
 	s.settleEntry(t, val, err, final, pin)
 	settled = true
@@ -229,13 +233,16 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 // finish's goroutine, so that no span and no gauge is left open.
 // Deferred in reverse, so that a Goexit in one hook skips none after it.
 func (s *Store[R]) finished(t *Ticket[R], err error, final bool) {
-	if s.opts.Observer != nil {
-		defer s.executing(t.ctx, -1)
-		defer func() { s.callObserver(t.ctx, t.e.key, t.ownerOutcome(final, err), time.Since(t.start)) }()
+	if s.opts.Observer == nil {
+		return
 	}
+	defer s.executing(t.ctx, -1)
 	if t.endSpan != nil {
-		t.endSpan(err)
+		defer t.endSpan(err)
 	}
+	// Under the execute span's context, before it ends: an Observer may
+	// mark the span with the outcome.
+	s.callObserver(t.ctx, t.e.key, t.ownerOutcome(final, err), time.Since(t.start))
 }
 
 // settleEntry ends t's work context and settles its entry in memory with

@@ -53,7 +53,11 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 		}
 		err = &BackendError{Op: "claim", Err: errors.New("the lease ran out before the work could start")}
 	}
-	endClaim(err)
+	if errors.Is(err, ErrPayloadMismatch) {
+		endClaim(nil) // the claim found the key's answer: a different payload; nothing failed
+	} else {
+		endClaim(err)
+	}
 	t.e = nil
 	if err != nil {
 		// A caller whose ctx ended before it learnt the key's fate answers
@@ -295,7 +299,7 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 // this process would find the key pending. A release that cannot get
 // through is finished in the background instead. finishDurable takes
 // t.stopLease over once nothing of the user's runs any more.
-func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ R, unrecorded *NotRecordedError, pin bool, _ error) {
+func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (unrecorded *NotRecordedError, pin bool, releaseErr error) {
 	record := context.WithoutCancel(t.ctx)
 	claim := *t.claim
 	if !final {
@@ -303,9 +307,9 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 		// lease was made to lapse.
 		t.takeLease()()
 		if rerr := s.letGo(record, claim, t.op); rerr != nil {
-			return val, nil, false, errors.Join(err, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr))
+			return nil, false, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)
 		}
-		return val, nil, false, err
+		return nil, false, nil
 	}
 	done := claim
 	rerr := s.encode(&done, val, err) // the Codec: the user's code
@@ -316,7 +320,7 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 	stopLease := t.takeLease()
 	if rerr == nil {
 		stopLease()
-		return val, nil, false, err
+		return nil, false, nil
 	}
 	// Never release a key after the work succeeded: it stays claimed
 	// (durably pending, interrupted after a restart) and memory replays it
@@ -327,13 +331,13 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (_ 
 	switch {
 	case errors.Is(rerr, backend.ErrNotOwner):
 		stopLease()
-		return val, &NotRecordedError{Err: rerr}, false, err
+		return &NotRecordedError{Err: rerr}, false, nil
 	case encoded:
 		s.completeLater(done, t.e, stopLease)
 	default:
 		s.holdLease(stopLease)
 	}
-	return val, &NotRecordedError{Err: rerr}, true, err
+	return &NotRecordedError{Err: rerr}, true, nil
 }
 
 // letGo gives up claim after a failure before commit: it is released, or,

@@ -38,7 +38,9 @@ func (o Outcome) String() string {
 type Observer struct {
 	// Call is told how each call with a key (RunOnce, Begin, RunOnceTx)
 	// ended, and how long it took: for a call that ran the work, until
-	// its outcome was settled; for the others, waits included.
+	// its outcome was settled; for the others, waits included. ctx is the
+	// caller's, or for a call that ran the work the "idem.execute" span's,
+	// which ends just after.
 	Call func(ctx context.Context, key string, outcome Outcome, took time.Duration)
 
 	// Executing is told when work under a claim starts (+1) and ends (-1):
@@ -49,7 +51,10 @@ type Observer struct {
 	// in the Backend, waits for another process included), "idem.execute"
 	// (the work, whose context is the span's) and "idem.record" (writing
 	// the outcome to the Backend). It returns the context the phase runs
-	// under and a func to end the span with the phase's error.
+	// under and a func to end the span with what failed in that phase:
+	// the work's error for "idem.execute"; nil for a claim that found a
+	// replay or a different payload, and for a record that wrote the
+	// outcome, a final error or a release alike.
 	Span func(ctx context.Context, phase, key string) (context.Context, func(error))
 
 	// Sweep is told how many expired outcomes a sweep removed, and its

@@ -35,10 +35,16 @@ type ClientOptions struct {
 }
 
 // WithKey returns ctx carrying key as the idempotency key of the calls made
-// with it, for a caller that made the key itself (with the order, say). The
-// interceptor keeps it instead of making one.
+// with it, in place of any key ctx carried, for a caller that made the key
+// itself (with the order, say). The interceptor keeps it instead of making
+// one.
 func WithKey(ctx context.Context, key string) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, KeyHeader, key)
+	md, ok := metadata.FromOutgoingContext(ctx) // a copy, with what was appended
+	if !ok {
+		md = metadata.MD{}
+	}
+	md.Set(KeyHeader, key)
+	return metadata.NewOutgoingContext(ctx, md)
 }
 
 // UnaryClientInterceptor returns an interceptor that gives each logical

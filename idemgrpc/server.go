@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -37,10 +39,11 @@ type Reply struct {
 	Error   string      // and its message
 	Status  []byte      // and the whole google.rpc.Status in wire form, details included
 
-	// msg is a private copy of the response while the Reply lives in
-	// memory (a store without a Backend, or the calls that waited on this
-	// one), so that a replay clones it instead of decoding Message.
-	msg proto.Message
+	// While the Reply lives in memory (a store without a Backend, or the
+	// calls that waited on this one), the response's type and wire form,
+	// so that a replay need not unwrap Message.
+	typ protoreflect.MessageType
+	raw []byte
 }
 
 // replyJSON is a Reply in JSON, the store's default Codec: metadata values
@@ -207,9 +210,19 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		reply, err := t.Result()
 		return s.replay(ctx, reply, err)
 	}
-	reply, err := t.Do(func(ctx context.Context) (Reply, error) {
-		rec := &recordingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
-		resp, err := handler(grpc.NewContextWithServerTransportStream(ctx, rec), req)
+	var own any // the handler's response, this call's to return
+	reply, err := t.Do(func(work context.Context) (Reply, error) {
+		if deadline, ok := ctx.Deadline(); ok {
+			// The work is detached from the caller's cancellation, not
+			// from its deadline: that stays the bound on the work, and on
+			// whatever the handler calls with its context.
+			var cancel context.CancelFunc
+			work, cancel = context.WithDeadline(work, deadline)
+			defer cancel()
+		}
+		rec := &recordingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(work)}
+		resp, err := handler(grpc.NewContextWithServerTransportStream(work, rec), req)
+		own = resp
 		return rec.reply(resp, err)
 	})
 	var pe *idem.PanicError
@@ -224,7 +237,10 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		}
 		return nil, err
 	}
-	return decode(reply)
+	if reply.Code == codes.OK {
+		return own, nil // the store keeps the response's bytes, not the message
+	}
+	return s.decode(reply)
 }
 
 // handlerError carries a handler's error that is not final: the key is
@@ -274,12 +290,12 @@ func (s *server) replay(ctx context.Context, reply Reply, err error) (any, error
 	if len(reply.Trailer) > 0 {
 		_ = grpc.SetTrailer(ctx, reply.Trailer)
 	}
-	return decode(reply)
+	return s.decode(reply)
 }
 
-// decode turns a reply back into the handler's response, a copy of its
+// decode turns a reply back into the handler's response, a message of its
 // own for each caller, or its final status, details included.
-func decode(reply Reply) (any, error) {
+func (s *server) decode(reply Reply) (any, error) {
 	switch {
 	case reply.Code != codes.OK && len(reply.Status) > 0:
 		var sp spb.Status
@@ -289,18 +305,27 @@ func decode(reply Reply) (any, error) {
 		return nil, status.Error(reply.Code, reply.Error)
 	case reply.Code != codes.OK:
 		return nil, status.Error(reply.Code, reply.Error)
-	case reply.msg != nil:
-		return proto.Clone(reply.msg), nil
 	}
-	var a anypb.Any
-	if err := proto.Unmarshal(reply.Message, &a); err != nil {
+	typ, raw := reply.typ, reply.raw
+	if typ == nil {
+		var a anypb.Any
+		if err := proto.Unmarshal(reply.Message, &a); err != nil {
+			return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
+		}
+		var err error
+		if typ, err = protoregistry.GlobalTypes.FindMessageByURL(a.GetTypeUrl()); err != nil {
+			return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
+		}
+		raw = a.GetValue()
+	}
+	// Decoded into its fields, not passed on as bytes: an interceptor
+	// outside this one may read or change the response (redact it, stamp
+	// it), and must find it as the handler made it.
+	m := typ.New().Interface()
+	if err := proto.Unmarshal(raw, m); err != nil {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
 	}
-	msg, err := a.UnmarshalNew()
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
-	}
-	return msg, nil
+	return m, nil
 }
 
 // fingerprint identifies a call: its method and its request message in

@@ -69,10 +69,12 @@ func (r *recordingStream) reply(resp any, err error) (Reply, error) {
 		m, ok := resp.(proto.Message)
 		if !ok || m == nil {
 			err = status.Errorf(codes.Internal, "idemgrpc: the handler's response %T is not a protocol buffer message", resp)
-		} else if reply.Message, err = marshalAny(m); err != nil {
+		} else if reply.raw, err = proto.Marshal(m); err != nil {
+			err = status.Errorf(codes.Internal, "idemgrpc: encoding the handler's response: %v", err)
+		} else if reply.Message, err = proto.Marshal(&anypb.Any{TypeUrl: typeURL(m), Value: reply.raw}); err != nil {
 			err = status.Errorf(codes.Internal, "idemgrpc: encoding the handler's response: %v", err)
 		} else {
-			reply.msg = proto.Clone(m) // the handler may keep and change its own
+			reply.typ = m.ProtoReflect().Type() // the bytes are kept: the handler may change its message
 			return reply, nil
 		}
 	}
@@ -86,10 +88,7 @@ func (r *recordingStream) reply(resp any, err error) (Reply, error) {
 	return reply, nil
 }
 
-func marshalAny(m proto.Message) ([]byte, error) {
-	a, err := anypb.New(m)
-	if err != nil {
-		return nil, err
-	}
-	return proto.Marshal(a)
+// typeURL is the type URL anypb.New gives m.
+func typeURL(m proto.Message) string {
+	return "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName())
 }

@@ -10,12 +10,13 @@ import (
 	"github.com/seed094d4201/idem"
 )
 
-// RequestFingerprint identifies a request by its method, path, query (with
-// its parameters sorted) and body, byte for byte. It is the middleware's
-// default Options.Fingerprint.
+// RequestFingerprint identifies a request by its method, path as sent
+// (escaped: /items/a%2Fb and /items/a/b are two resources, as Go's mux
+// routes them), query (with its parameters sorted) and body, byte for byte.
+// It is the middleware's default Options.Fingerprint.
 func RequestFingerprint(r *http.Request, body []byte) (idem.Fingerprint, error) {
 	h := sha256.New()
-	for _, part := range []string{r.Method, r.URL.Path, r.URL.Query().Encode()} {
+	for _, part := range []string{r.Method, r.URL.EscapedPath(), r.URL.Query().Encode()} {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}

@@ -20,9 +20,15 @@ const ReplayedHeader = "Idempotent-Replayed"
 // RFC 8941 sf-string ("quoted", with \" and \\ escapes). Both forms of one
 // key mean the same key. The key must satisfy idem.CheckKey; any other value,
 // including an sf-string with parameters ("k";p=1), is an error matching
-// idem.ErrInvalidKey.
+// idem.ErrInvalidKey. So is a bare key with a comma: it is what a proxy
+// makes of two Idempotency-Key fields when it joins them into one (RFC 9110
+// section 5.3), and the header holds one key, not a list; a key with a
+// comma in it is sent quoted.
 func ParseKey(value string) (string, error) {
 	if !strings.HasPrefix(value, `"`) {
+		if strings.Contains(value, ",") {
+			return "", fmt.Errorf("%w: a list of keys (a bare key holds no comma; quote one that does)", idem.ErrInvalidKey)
+		}
 		return value, idem.CheckKey(value)
 	}
 	key, err := unquote(value)
@@ -71,10 +77,36 @@ func NewKey() string {
 }
 
 // WithKey returns a shallow copy of req that carries key in its
-// Idempotency-Key header; req itself is not changed. Transport then sends
-// that key on every attempt instead of making its own.
+// Idempotency-Key header, in place of any it had; req itself is not
+// changed. Transport then sends that key on every attempt, and across
+// redirects, instead of making its own.
 func WithKey(req *http.Request, key string) *http.Request {
 	r := req.Clone(req.Context())
-	r.Header.Set(Header, key)
+	setKey(r.Header, key)
 	return r
+}
+
+// keyOf returns the Idempotency-Key in h, however its name was spelt by
+// whoever set it (h["idempotency-key"] bypasses canonicalisation).
+func keyOf(h http.Header) string {
+	if v := h.Get(Header); v != "" {
+		return v
+	}
+	for name, v := range h {
+		if len(v) > 0 && strings.EqualFold(name, Header) {
+			return v[0]
+		}
+	}
+	return ""
+}
+
+// setKey makes key h's one Idempotency-Key, removing any other spelling of
+// the name, so that a request never carries two.
+func setKey(h http.Header, key string) {
+	for name := range h {
+		if strings.EqualFold(name, Header) {
+			delete(h, name)
+		}
+	}
+	h.Set(Header, key)
 }

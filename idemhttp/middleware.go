@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/seed094d4201/idem"
@@ -31,8 +32,12 @@ type Options struct {
 	// authenticated account, and the key is joined to it: two clients that
 	// happen to send the same key never share an outcome, and one can never
 	// read the other's stored response. Run the middleware after
-	// authentication so that Scope can see who is calling. An error answers
-	// 500 and runs nothing.
+	// authentication so that Scope can see who is calling. It sees the
+	// request with its whole body, read already (within MaxRequestBody),
+	// for a scope that needs it, such as a signed webhook's sender. An
+	// error answers 500 and runs nothing, and so does an empty scope: it
+	// is what a Scope returns when authentication did not run, and would
+	// put every such caller in one scope.
 	//
 	// Nil means one scope for every request, which is right only when one
 	// client alone can reach the handler. On a server with many clients,
@@ -119,6 +124,8 @@ type Guard struct {
 	methods map[string]bool
 	headers headerPolicy
 	store   *idem.Store[Response]
+
+	emptyScopeSeen atomic.Bool // the first empty scope is logged at Error, the rest at Debug
 }
 
 // Middleware returns middleware that runs each guarded request's handler at
@@ -243,7 +250,17 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	}
 	scope := ""
 	if g.opts.Scope != nil {
-		if scope, err = g.opts.Scope(r); err != nil {
+		sr := r.WithContext(r.Context())
+		sr.Body = io.NopCloser(bytes.NewReader(body))
+		if scope, err = g.opts.Scope(sr); err == nil && scope == "" {
+			err = errEmptyScope
+			if !g.emptyScopeSeen.Swap(true) {
+				// A server bug, not the client's: said loudly once, then
+				// at Debug, so that no client can flood the log with it.
+				g.opts.Logger.Error("idemhttp: Options.Scope returned an empty scope; requests are refused with 500 (does the authentication middleware run before this one?)", "path", r.URL.Path)
+			}
+		}
+		if err != nil {
 			// A client without credentials can cause this at will: Debug.
 			g.opts.Logger.Debug("idemhttp: scope", "err", err)
 			g.fail(w, r, http.StatusInternalServerError, "The request's scope could not be determined.", 0, err)
@@ -366,6 +383,9 @@ func (g *Guard) fail(w http.ResponseWriter, r *http.Request, status int, detail 
 	}
 	g.opts.WriteError(w, r, Problem{Status: status, Detail: detail, Err: cause})
 }
+
+// errEmptyScope is the cause of the 500 for a Scope that returned "".
+var errEmptyScope = errors.New("idemhttp: Options.Scope returned an empty scope")
 
 // isClaimFailure reports whether err says the backend could not claim the
 // key, so that nothing ran and nothing was read: the one failure FailOpen

@@ -424,7 +424,9 @@ func TestFingerprintReadingBodyLeavesItForHandler(t *testing.T) {
 	assert.Equal(t, "the body", got)
 }
 
-// An empty scope is a scope too: it must not reach keys stored for others.
+// An empty scope is refused (it is what a Scope returns when authentication
+// did not run): it must not run the handler, nor reach keys stored for
+// others.
 func TestEmptyScopeCannotReachOthers(t *testing.T) {
 	h := &charges{}
 	srv := serve(t, h, idemhttp.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
@@ -436,7 +438,8 @@ func TestEmptyScopeCannotReachOthers(t *testing.T) {
 	resp.Body.Close()
 	anon, _ := post(t, srv.Client(), srv.URL, "5:alice:k", "{}") // no X-Account
 	assert.Empty(t, anon.Header.Get(idemhttp.ReplayedHeader))
-	assert.Equal(t, int32(2), h.n.Load())
+	assert.Equal(t, http.StatusInternalServerError, anon.StatusCode)
+	assert.Equal(t, int32(1), h.n.Load())
 }
 
 // A wait bound that runs out before the claim is even tried (a loaded

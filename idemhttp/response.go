@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -14,6 +15,11 @@ type Response struct {
 	Status int         `json:"status"`
 	Header http.Header `json:"header,omitempty"`
 	Body   []byte      `json:"body,omitempty"`
+
+	// Trailer holds the trailers the handler sent after the body (declared
+	// in a Trailer header, or set with http.TrailerPrefix), judged by the
+	// same rules as headers. A replay declares and sends them again.
+	Trailer http.Header `json:"trailer,omitempty"`
 
 	// Omitted says why the body was not kept, for a response whose status
 	// is remembered but whose body could not be: "streamed" (the handler
@@ -39,8 +45,14 @@ func (r *Response) write(w http.ResponseWriter) {
 	if r.Omitted != "" {
 		h.Set(BodyOmittedHeader, r.Omitted)
 	}
+	for name := range r.Trailer {
+		h.Add("Trailer", name)
+	}
 	w.WriteHeader(r.Status)
 	_, _ = w.Write(r.Body)
+	for name, v := range r.Trailer { // declared above: net/http sends them after the body
+		h[name] = append([]string(nil), v...)
+	}
 }
 
 // neverStored are headers that are never remembered, whatever the options:
@@ -48,7 +60,7 @@ func (r *Response) write(w http.ResponseWriter) {
 // net/http makes afresh for each response.
 var neverStored = map[string]bool{
 	"Set-Cookie": true, "Authorization": true, "Proxy-Authorization": true, "Proxy-Authenticate": true,
-	"Www-Authenticate": true, "Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Www-Authenticate": true, "Authentication-Info": true, "Proxy-Authentication-Info": true, "Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
 	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Date": true,
 	ReplayedHeader: true, BodyOmittedHeader: true,
 }
@@ -87,16 +99,24 @@ func (p headerPolicy) keeps(name string) bool {
 
 // recorder passes a handler's response through to the client as it is
 // written, and keeps a copy to remember: the status, the allowed headers as
-// they stood when the response was sent, and the body up to maxBody.
+// they stood when the response was sent, the body up to maxBody, and the
+// trailers as they stand when the handler returns.
+//
+// A client that hangs up mid-response is the lost reply idempotency keys
+// exist for, so its write error is not the handler's: the recorder keeps
+// taking the body, for the retry to replay whole, and tells the handler
+// only once nothing more of it can be remembered (streamed, or past
+// maxBody).
 type recorder struct {
 	w       http.ResponseWriter
 	headers headerPolicy
 	maxBody int
 
 	resp      Response
-	oversized bool // the body passed maxBody: remembered without it
-	streamed  bool // the handler flushed or hijacked: remembered without the body
-	released  bool // ReleaseKey: the handler failed without a response
+	oversized bool  // the body passed maxBody: remembered without it
+	streamed  bool  // the handler flushed or hijacked: remembered without the body
+	released  bool  // ReleaseKey: the handler failed without a response
+	clientErr error // the first failed write to the client, which is gone
 }
 
 // ReleaseKey tells the guard whose handler writes to w that the handler
@@ -143,18 +163,63 @@ func (r *recorder) WriteHeader(code int) {
 }
 
 // keepHeaders copies the headers to remember as they stand when the
-// response is sent.
+// response is sent; trailers are taken when the handler returns.
 func (r *recorder) keepHeaders() {
-	for name, v := range r.w.Header() {
+	h := r.w.Header()
+	declared := trailerNames(h)
+	for name, v := range h {
 		// net/http sends a key set without canonicalising as it is: judge
 		// it by its canonical name, so "set-cookie" is Set-Cookie.
-		if r.headers.keeps(http.CanonicalHeaderKey(name)) {
-			if r.resp.Header == nil {
-				r.resp.Header = make(http.Header)
-			}
-			r.resp.Header[name] = append([]string(nil), v...)
+		canon := http.CanonicalHeaderKey(name)
+		if strings.HasPrefix(name, http.TrailerPrefix) || declared[canon] || !r.headers.keeps(canon) {
+			continue
+		}
+		if r.resp.Header == nil {
+			r.resp.Header = make(http.Header)
+		}
+		r.resp.Header[name] = append([]string(nil), v...)
+	}
+}
+
+// keepTrailers copies the trailers to remember, once the handler has
+// returned: the values of the names its Trailer header declared, and the
+// keys it set with http.TrailerPrefix, each judged by its name as a header
+// is, so that "Trailer:Set-Cookie" is never stored either.
+func (r *recorder) keepTrailers() {
+	h := r.w.Header()
+	keep := func(name string, v []string) {
+		if len(v) == 0 || !r.headers.keeps(name) {
+			return
+		}
+		if r.resp.Trailer == nil {
+			r.resp.Trailer = make(http.Header)
+		}
+		r.resp.Trailer[name] = append(r.resp.Trailer[name], v...)
+	}
+	for name := range trailerNames(h) {
+		keep(name, h[name])
+	}
+	for key, v := range h {
+		if name, ok := strings.CutPrefix(key, http.TrailerPrefix); ok {
+			keep(http.CanonicalHeaderKey(name), v)
 		}
 	}
+}
+
+// trailerNames returns the canonical names h's Trailer header declares.
+func trailerNames(h http.Header) map[string]bool {
+	var names map[string]bool
+	for _, v := range h["Trailer"] {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				if names == nil {
+					names = make(map[string]bool)
+				}
+				names[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	return names
 }
 
 func (r *recorder) Write(p []byte) (int, error) {
@@ -168,7 +233,17 @@ func (r *recorder) Write(p []byte) (int, error) {
 			r.resp.Body = append(r.resp.Body, p...)
 		}
 	}
-	return r.w.Write(p)
+	if r.clientErr == nil {
+		n, err := r.w.Write(p)
+		if err == nil || !r.complete() {
+			return n, err
+		}
+		r.clientErr = err // the client is gone: the body goes on being kept
+	}
+	if !r.complete() {
+		return 0, r.clientErr // nothing more can be remembered: let the handler stop
+	}
+	return len(p), nil
 }
 
 // Flush sends what was written so far: the response is streamed, so it is
@@ -209,6 +284,7 @@ func (r *recorder) response() (Response, bool) {
 		r.resp.Status = http.StatusOK // the handler wrote nothing: net/http sends 200
 		r.keepHeaders()
 	}
+	r.keepTrailers()
 	resp := r.resp
 	if !remembered(resp.Status) {
 		return resp, false
@@ -220,6 +296,7 @@ func (r *recorder) response() (Response, bool) {
 		}
 		for _, h := range bodyHeaders {
 			delete(resp.Header, h)
+			delete(resp.Trailer, h)
 		}
 	}
 	return resp, true
@@ -239,30 +316,19 @@ func remembered(status int) bool {
 // value that is not valid UTF-8 (obs-text bytes are legal in HTTP) would
 // come back mangled as a JSON string, so such a header travels as bytes.
 type responseJSON struct {
-	Status    int                 `json:"status"`
-	Header    http.Header         `json:"header,omitempty"`
-	RawHeader map[string][][]byte `json:"raw_header,omitempty"`
-	Body      []byte              `json:"body,omitempty"`
-	Omitted   string              `json:"omitted,omitempty"`
+	Status     int                 `json:"status"`
+	Header     http.Header         `json:"header,omitempty"`
+	RawHeader  map[string][][]byte `json:"raw_header,omitempty"`
+	Body       []byte              `json:"body,omitempty"`
+	Omitted    string              `json:"omitted,omitempty"`
+	Trailer    http.Header         `json:"trailer,omitempty"`
+	RawTrailer map[string][][]byte `json:"raw_trailer,omitempty"`
 }
 
 func (r Response) MarshalJSON() ([]byte, error) {
 	j := responseJSON{Status: r.Status, Body: r.Body, Omitted: r.Omitted}
-	for name, values := range r.Header {
-		if allUTF8(values) {
-			if j.Header == nil {
-				j.Header = make(http.Header)
-			}
-			j.Header[name] = values
-			continue
-		}
-		if j.RawHeader == nil {
-			j.RawHeader = make(map[string][][]byte)
-		}
-		for _, v := range values {
-			j.RawHeader[name] = append(j.RawHeader[name], []byte(v))
-		}
-	}
+	j.Header, j.RawHeader = splitUTF8(r.Header)
+	j.Trailer, j.RawTrailer = splitUTF8(r.Trailer)
 	return json.Marshal(j)
 }
 
@@ -271,16 +337,44 @@ func (r *Response) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &j); err != nil {
 		return err
 	}
-	*r = Response{Status: j.Status, Header: j.Header, Body: j.Body, Omitted: j.Omitted}
-	for name, values := range j.RawHeader {
-		if r.Header == nil {
-			r.Header = make(http.Header)
+	*r = Response{Status: j.Status, Header: joinRaw(j.Header, j.RawHeader), Body: j.Body, Omitted: j.Omitted, Trailer: joinRaw(j.Trailer, j.RawTrailer)}
+	return nil
+}
+
+// splitUTF8 splits h into the fields whose values are all valid UTF-8 and
+// the rest, as bytes.
+func splitUTF8(h http.Header) (http.Header, map[string][][]byte) {
+	var text http.Header
+	var raw map[string][][]byte
+	for name, values := range h {
+		if allUTF8(values) {
+			if text == nil {
+				text = make(http.Header)
+			}
+			text[name] = values
+			continue
+		}
+		if raw == nil {
+			raw = make(map[string][][]byte)
 		}
 		for _, v := range values {
-			r.Header[name] = append(r.Header[name], string(v))
+			raw[name] = append(raw[name], []byte(v))
 		}
 	}
-	return nil
+	return text, raw
+}
+
+// joinRaw is splitUTF8 undone.
+func joinRaw(h http.Header, raw map[string][][]byte) http.Header {
+	for name, values := range raw {
+		if h == nil {
+			h = make(http.Header)
+		}
+		for _, v := range values {
+			h[name] = append(h[name], string(v))
+		}
+	}
+	return h
 }
 
 func allUTF8(values []string) bool {

@@ -1,7 +1,9 @@
 package idemhttp
 
 import (
+	"errors"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -12,11 +14,15 @@ import (
 // each POST or PATCH (by default) it uses the request's own Idempotency-Key,
 // or makes one, and sends that same key on every attempt. It retries only
 // outcomes that leave the result unknown or say "try again": a connection
-// error or timeout, and 409, 425, 429, 502, 503 and 504. It never retries
-// 400, 422 or any other answer. Between attempts it waits a capped, jittered
-// exponential backoff, at least what a Retry-After header asks, and gives up,
-// returning the last answer, when the wait would outlast the request's
-// context.
+// error or timeout, and 408, 409, 425, 429, 502, 503 and 504. It never
+// retries 400, 422 or any other answer. Between attempts it waits a capped,
+// jittered exponential backoff, never less than a Retry-After header asks,
+// and gives up, returning the last answer, when the wait would pass MaxWait
+// or outlast the request's context.
+//
+// A redirect (307, 308) that http.Client follows is sent with the key of
+// the request it redirects, so the operation keeps one key wherever it is
+// answered.
 //
 // The body is rewound with Request.GetBody (set by http.NewRequest for
 // common body types); a request whose body cannot be rewound is sent once.
@@ -45,6 +51,12 @@ type Transport struct {
 
 	// MaxBackoff caps the backoff (not a Retry-After). Zero means 5s.
 	MaxBackoff time.Duration
+
+	// MaxWait bounds any one wait before a retry, a Retry-After's included:
+	// an answer whose Retry-After asks for longer is returned to the caller
+	// instead of retried sooner than the server asked. Zero means one
+	// minute.
+	MaxWait time.Duration
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -59,7 +71,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.guards(req.Method) {
 		return base.RoundTrip(req)
 	}
-	key := req.Header.Get(Header)
+	key := keyOf(req.Header)
+	if key == "" && req.Response != nil && req.Response.Request != nil {
+		// http.Client follows a redirect with the caller's headers, not
+		// those of the attempt redirected: keep that attempt's key.
+		key = keyOf(req.Response.Request.Header)
+	}
 	if key == "" {
 		key = NewKey()
 	}
@@ -70,7 +87,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		r := req.Clone(req.Context())
-		r.Header.Set(Header, key)
+		setKey(r.Header, key)
 		if attempt > 1 && req.GetBody != nil {
 			body, err := req.GetBody()
 			if err != nil {
@@ -85,6 +102,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 		wait := t.backoff(attempt, resp)
+		if wait > t.maxWait() {
+			return resp, err // the server asks for a longer wait than the caller allows
+		}
 		if deadline, ok := req.Context().Deadline(); ok && time.Until(deadline) < wait {
 			return resp, err // the context would end first: give the caller this answer
 		}
@@ -121,7 +141,7 @@ func retryable(resp *http.Response, err error) bool {
 		return true // the request may or may not have reached the server
 	}
 	switch resp.StatusCode {
-	case http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
 		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
@@ -150,13 +170,26 @@ func (t *Transport) backoff(attempt int, resp *http.Response) time.Duration {
 	return d
 }
 
-// retryAfter reads a Retry-After value: seconds, or an HTTP date.
+func (t *Transport) maxWait() time.Duration {
+	if t.MaxWait <= 0 {
+		return time.Minute
+	}
+	return t.MaxWait
+}
+
+// retryAfter reads a Retry-After value: seconds, or an HTTP date. A wait
+// too long for a time.Duration is the longest one.
 func retryAfter(v string) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+	if s, err := strconv.ParseUint(v, 10, 64); err == nil {
+		if s > uint64(math.MaxInt64/time.Second) {
+			return math.MaxInt64
+		}
 		return time.Duration(s) * time.Second
+	} else if errors.Is(err, strconv.ErrRange) {
+		return math.MaxInt64
 	}
 	if at, err := http.ParseTime(v); err == nil {
 		return max(0, time.Until(at))

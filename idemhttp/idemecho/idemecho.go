@@ -47,6 +47,9 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) echo.Middlew
 	if opts.Scope != nil {
 		hopts.Scope = func(r *http.Request) (string, error) {
 			c, _ := r.Context().Value(ctxKey{}).(echo.Context)
+			saved := c.Request()
+			c.SetRequest(r) // with its body, read already
+			defer c.SetRequest(saved)
 			return opts.Scope(c)
 		}
 	}

@@ -1,6 +1,17 @@
 // Package idemgin brings idemhttp's Idempotency-Key middleware to gin: the
 // same statuses, headers, replays and scoping as idemhttp.Middleware, with
-// the scope read from gin's context.
+// the scope read from gin's context. It may be mounted engine-wide
+// (r.Use) or on a group or route.
+//
+// Two gin paths are not guarded, because gin writes their answer after the
+// guard has returned, where it cannot be recorded: a request that matches
+// no route (gin's 404 and 405) passes through, and a handler that ends
+// with errors in c.Errors (c.Error, c.AbortWithError) and no body releases
+// its key, so that the error written by a middleware outside the guard,
+// such as gin.ErrorLogger, is sent as it is and a retry runs the handler
+// again. To have such an error remembered and replayed, write it inside
+// the guard: in the handler, or in error-writing middleware mounted after
+// the guard.
 //
 // Wrapping idemhttp.Middleware with gin's own helpers is not enough: gin
 // sends a response's status only when the body starts, after a renderer
@@ -43,11 +54,21 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 	if opts.Scope != nil {
 		hopts.Scope = func(r *http.Request) (string, error) {
 			c, _ := r.Context().Value(ctxKey{}).(*gin.Context)
+			saved := c.Request
+			c.Request = r // with its body, read already
+			defer func() { c.Request = saved }()
 			return opts.Scope(c)
 		}
 	}
 	guard := idemhttp.NewGuard(store, hopts)
 	return func(c *gin.Context) {
+		if c.FullPath() == "" {
+			// No route matched: gin answers 404 or 405 itself once the
+			// chain returns. There is no handler to guard, and gin's
+			// answer is written after the guard could record it.
+			c.Next()
+			return
+		}
 		orig, origReq := c.Writer, c.Request
 		r := origReq.WithContext(context.WithValue(origReq.Context(), ctxKey{}, c))
 		ran := false
@@ -58,11 +79,16 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 			c.Writer, c.Request = gw, req
 			defer func() { c.Writer, c.Request = orig, origReq }()
 			c.Next()
-			if !gw.sent && gw.status == 0 && len(c.Errors) > 0 {
-				// gin's error pattern: c.Error, and a middleware outside
-				// the guard renders it. That answer cannot be recorded, so
-				// the key is released, as for any error.
+			if !gw.sent && len(c.Errors) > 0 {
+				// gin's error pattern: c.Error or c.AbortWithError, with no
+				// body yet, for a middleware outside the guard (or gin
+				// itself) to render once the guard has returned. That
+				// answer cannot be recorded, so the key is released, as
+				// for any error, and the status is left to gin's writer.
 				idemhttp.ReleaseKey(w)
+				if gw.status != 0 {
+					orig.WriteHeader(gw.status)
+				}
 				return
 			}
 			gw.WriteHeaderNow() // a status set with no body: send it now, inside the guard

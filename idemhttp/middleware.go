@@ -350,7 +350,7 @@ func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 	case errors.As(err, &ns) && ns.complete:
 		ns.resp.write(w) // the shared execution's outcome, not kept for later
 	case errors.As(err, &ns):
-		g.fail(w, req, http.StatusConflict, "The request with this Idempotency-Key failed while streaming its response; retry with the same key.", g.opts.RetryAfter, err)
+		g.fail(w, req, http.StatusConflict, "The request with this Idempotency-Key ended with a response that was not kept (streamed, or written after it); retry with the same key.", g.opts.RetryAfter, err)
 	case errors.As(err, &pe):
 		g.fail(w, req, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0, err)
 	case errors.Is(err, idem.ErrPayloadMismatch):

@@ -1,6 +1,7 @@
 package idemecho_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"testing"
@@ -43,6 +44,55 @@ func TestEcho(t *testing.T) {
 			env.Fail()
 			return echo.NewHTTPError(http.StatusBadGateway, "bank down")
 		})
+		return e
+	})
+}
+
+func TestEchoErrorPaths(t *testing.T) {
+	adaptertest.RunErrorPaths(t, func(store *idem.Store[idemhttp.Response], opts idemhttp.Options, env *adaptertest.Env, m adaptertest.Mount) http.Handler {
+		e := echo.New()
+		e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+			return func(c echo.Context) error { c.Set("account", c.Request().Header.Get("X-Account")); return next(c) }
+		})
+		guard := idemecho.Middleware(store, idemecho.Options{
+			Scope: func(c echo.Context) (string, error) { s, _ := c.Get("account").(string); return s, nil },
+			HTTP:  opts,
+		})
+		// Renders a returned error as JSON of its own.
+		errorWriter := func(next echo.HandlerFunc) echo.HandlerFunc {
+			return func(c echo.Context) error {
+				err := next(c)
+				if err == nil || c.Response().Committed {
+					return err
+				}
+				code := http.StatusInternalServerError
+				var he *echo.HTTPError
+				if errors.As(err, &he) {
+					code = he.Code
+				}
+				return c.JSON(code, map[string]string{"error": err.Error()})
+			}
+		}
+		chain := []echo.MiddlewareFunc{guard, errorWriter}
+		if m.ErrorsOutside {
+			chain = []echo.MiddlewareFunc{errorWriter, guard}
+		}
+		var routes interface {
+			POST(string, echo.HandlerFunc, ...echo.MiddlewareFunc) *echo.Route
+			GET(string, echo.HandlerFunc, ...echo.MiddlewareFunc) *echo.Route
+		} = e
+		if m.EngineWide {
+			e.Use(chain...)
+		} else {
+			routes = e.Group("", chain...)
+		}
+		routes.POST("/abort-status", func(c echo.Context) error { env.Fail(); return c.NoContent(http.StatusPaymentRequired) })
+		routes.POST("/abort-error", func(c echo.Context) error {
+			env.Fail()
+			return echo.NewHTTPError(http.StatusPaymentRequired, "card declined")
+		})
+		routes.POST("/error", func(c echo.Context) error { env.Fail(); return errors.New("ledger unavailable") })
+		routes.GET("/only-get", func(c echo.Context) error { return c.String(http.StatusOK, "ok") })
 		return e
 	})
 }

@@ -79,7 +79,7 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 			c.Writer, c.Request = gw, req
 			defer func() { c.Writer, c.Request = orig, origReq }()
 			c.Next()
-			if !gw.sent && len(c.Errors) > 0 {
+			if !gw.forwarded && len(c.Errors) > 0 {
 				// gin's error pattern: c.Error or c.AbortWithError, with no
 				// body yet, for a middleware outside the guard (or gin
 				// itself) to render once the guard has returned. That
@@ -92,6 +92,7 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 				return
 			}
 			gw.WriteHeaderNow() // a status set with no body: send it now, inside the guard
+			gw.forward()
 			orig.WriteHeaderNow()
 		}))
 		if !ran {
@@ -124,14 +125,26 @@ func abortOnPanic(w http.ResponseWriter) {
 
 // writer is the gin.ResponseWriter a guarded handler writes to. Its status
 // waits for the body, as gin's own writer's does, so the headers recorded
-// and sent are those a renderer set after choosing the status. What only
-// gin knows (CloseNotify, Pusher) comes from gin's writer.
+// and sent are those a renderer set after choosing the status. It waits
+// even past WriteHeaderNow (which c.AbortWithStatus calls), until the body,
+// a flush or the handler's return: a handler that ends with c.Errors and
+// no body has its error written outside the guard, and the key released.
+// What only gin knows (CloseNotify, Pusher) comes from gin's writer.
 type writer struct {
 	gin.ResponseWriter                     // gin's writer for the request
 	out                http.ResponseWriter // the guard's recorder, in front of gin's writer
 	status             int
 	size               int
-	sent               bool
+	sent               bool // the status is final, as gin's Written reports
+	forwarded          bool // and out has it
+}
+
+// forward passes the status on to the recorder, once.
+func (w *writer) forward() {
+	if !w.forwarded {
+		w.forwarded = true
+		w.out.WriteHeader(w.status)
+	}
 }
 
 func (w *writer) Header() http.Header { return w.out.Header() }
@@ -150,11 +163,11 @@ func (w *writer) WriteHeaderNow() {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	w.out.WriteHeader(w.status)
 }
 
 func (w *writer) Write(p []byte) (int, error) {
 	w.WriteHeaderNow()
+	w.forward()
 	n, err := w.out.Write(p)
 	w.size += n
 	return n, err
@@ -181,11 +194,12 @@ func (w *writer) Written() bool { return w.sent }
 
 func (w *writer) Flush() {
 	w.WriteHeaderNow()
+	w.forward()
 	_ = http.NewResponseController(w.out).Flush()
 }
 
 func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	w.sent = true
+	w.sent, w.forwarded = true, true
 	return http.NewResponseController(w.out).Hijack()
 }
 

@@ -1,6 +1,7 @@
 package idemgin_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"testing"
@@ -38,6 +39,39 @@ func TestGin(t *testing.T) {
 			env.Fail()
 			c.String(http.StatusBadGateway, "bank down")
 		})
+		return r
+	})
+}
+
+func TestGinErrorPaths(t *testing.T) {
+	gin.SetMode(gin.TestMode)
+	adaptertest.RunErrorPaths(t, func(store *idem.Store[idemhttp.Response], opts idemhttp.Options, env *adaptertest.Env, m adaptertest.Mount) http.Handler {
+		r := gin.New()
+		r.HandleMethodNotAllowed = true
+		r.Use(func(c *gin.Context) { c.Set("account", c.GetHeader("X-Account")) })
+		guard := idemgin.Middleware(store, idemgin.Options{
+			Scope: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
+			HTTP:  opts,
+		})
+		chain := []gin.HandlerFunc{guard}
+		if m.ErrorsOutside {
+			chain = []gin.HandlerFunc{gin.ErrorLogger(), guard}
+		} else {
+			chain = append(chain, gin.ErrorLogger())
+		}
+		routes := gin.IRoutes(r)
+		if m.EngineWide {
+			r.Use(chain...)
+		} else {
+			routes = r.Group("/", chain...)
+		}
+		routes.POST("/abort-status", func(c *gin.Context) { env.Fail(); c.AbortWithStatus(http.StatusPaymentRequired) })
+		routes.POST("/abort-error", func(c *gin.Context) {
+			env.Fail()
+			_ = c.AbortWithError(http.StatusPaymentRequired, errors.New("card declined"))
+		})
+		routes.POST("/error", func(c *gin.Context) { env.Fail(); _ = c.Error(errors.New("ledger unavailable")) })
+		routes.GET("/only-get", func(c *gin.Context) { c.String(http.StatusOK, "ok") })
 		return r
 	})
 }

@@ -204,6 +204,7 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 		}
 		s.finished(t, err, final)
 	}()
+	ectx := t.ctx
 	var unrecorded *NotRecordedError
 	var releaseErr error // the release's own failure, for the record span
 	if t.claim != nil {
@@ -222,6 +223,7 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	} else {
 		endRecord(releaseErr) // nil when the write landed, whatever the outcome it wrote
 	}
+	t.ctx = ectx // the Observer's Call runs under the execute span, which is still open
 	s.settleEntry(t, val, err, final, pin)
 	settled = true
 	s.finished(t, err, final)

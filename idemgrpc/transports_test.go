@@ -75,7 +75,9 @@ func TestReplayIsAPrivateDecodedCopy(t *testing.T) {
 	intercept := idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{})
 	in, _ := structpb.NewStruct(map[string]any{"amount": 1.0})
 	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
-	handler := func(ctx context.Context, req any) (any, error) { return structpb.NewStruct(map[string]any{"card": "4242"}) }
+	handler := func(ctx context.Context, req any) (any, error) {
+		return structpb.NewStruct(map[string]any{"card": "4242"})
+	}
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemgrpc.KeyHeader, "k"))
 	first, err := intercept(ctx, in, info, handler)
 	require.NoError(t, err)

@@ -1,6 +1,7 @@
 package idemgin_test
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -22,7 +23,12 @@ func ExampleMiddleware() {
 	r := gin.New()
 	r.Use(func(c *gin.Context) { c.Set("account", c.GetHeader("X-Account")) }) // your auth
 	r.POST("/charges", idemgin.Middleware(store, idemgin.Options{
-		Scope: func(c *gin.Context) (string, error) { return c.GetString("account"), nil },
+		Scope: func(c *gin.Context) (string, error) {
+			if account := c.GetString("account"); account != "" {
+				return account, nil
+			}
+			return "", errors.New("no account: did the auth middleware run?") // 500; nothing runs
+		},
 		HTTP:  idemhttp.Options{Required: true},
 	}), func(c *gin.Context) {
 		charges++

@@ -50,30 +50,42 @@ func TestHangUpMidResponseReplaysTheWholeBody(t *testing.T) {
 		}
 	}), idemhttp.Options{})
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	require.NoError(t, err)
-	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}")
-	status, err := bufio.NewReader(conn).ReadString('\n')
-	require.NoError(t, err)
-	require.Contains(t, status, "201")
-	require.NoError(t, conn.(*net.TCPConn).SetLinger(0)) // close with a reset: every later write fails
-	require.NoError(t, conn.Close())
-	close(gone)
-
-	var resp *http.Response
-	var body string
-	for { // the first request is still writing until its handler returns
-		resp, body = post(t, srv.Client(), srv.URL, "k", "{}")
-		if resp.StatusCode != http.StatusConflict {
-			break
-		}
-	}
+	hangUpAfterStatus(t, srv, gone)
+	resp, body := retryAfterHangUp(t, srv)
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.Equal(t, "true", resp.Header.Get(idemhttp.ReplayedHeader))
 	assert.False(t, sawErr.Load(), "the handler was told of the client's hang-up and stopped")
 	assert.Equal(t, size, int(produced.Load()))
 	if resp.Header.Get(idemhttp.BodyOmittedHeader) == "" {
 		assert.Len(t, body, size, "a replay is the whole body, or says it is omitted")
+	}
+}
+
+// hangUpAfterStatus sends a keyed POST over a raw connection, reads the
+// status line (a 201), resets the connection so that every later write by
+// the server fails, and closes gone.
+func hangUpAfterStatus(t *testing.T, srv *httptest.Server, gone chan struct{}) {
+	t.Helper()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}")
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, status, "201")
+	require.NoError(t, conn.(*net.TCPConn).SetLinger(0)) // close with a reset
+	require.NoError(t, conn.Close())
+	close(gone)
+}
+
+// retryAfterHangUp retries key k until the first request's handler has
+// returned (409 until then).
+func retryAfterHangUp(t *testing.T, srv *httptest.Server) (*http.Response, string) {
+	t.Helper()
+	for {
+		resp, body := post(t, srv.Client(), srv.URL, "k", "{}")
+		if resp.StatusCode != http.StatusConflict {
+			return resp, body
+		}
 	}
 }
 
@@ -95,21 +107,8 @@ func TestHangUpPastTheBoundStopsTheHandler(t *testing.T) {
 			}
 		}
 	}), idemhttp.Options{MaxStoredBody: 64 << 10})
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	require.NoError(t, err)
-	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}")
-	_, err = bufio.NewReader(conn).ReadString('\n')
-	require.NoError(t, err)
-	require.NoError(t, conn.(*net.TCPConn).SetLinger(0))
-	require.NoError(t, conn.Close())
-	close(gone)
-	var resp *http.Response
-	for {
-		resp, _ = post(t, srv.Client(), srv.URL, "k", "{}")
-		if resp.StatusCode != http.StatusConflict {
-			break
-		}
-	}
+	hangUpAfterStatus(t, srv, gone)
+	resp, _ := retryAfterHangUp(t, srv)
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.Equal(t, "too-large", resp.Header.Get(idemhttp.BodyOmittedHeader))
 	assert.True(t, sawErr.Load(), "past the bound the handler hears the client is gone")

@@ -29,7 +29,7 @@ func ExampleMiddleware() {
 			}
 			return "", errors.New("no account: did the auth middleware run?") // 500; nothing runs
 		},
-		HTTP:  idemhttp.Options{Required: true},
+		HTTP: idemhttp.Options{Required: true},
 	}), func(c *gin.Context) {
 		charges++
 		c.JSON(http.StatusCreated, gin.H{"charge": charges})

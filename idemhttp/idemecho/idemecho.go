@@ -57,7 +57,10 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) echo.Middlew
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			res, origReq := c.Response(), c.Request()
-			r := origReq.WithContext(context.WithValue(origReq.Context(), ctxKey{}, c))
+			r := origReq
+			if opts.Scope != nil { // only Scope needs the framework's context
+				r = origReq.WithContext(context.WithValue(origReq.Context(), ctxKey{}, c))
+			}
 			guard.Serve(res, r, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 				// The handler writes through an echo.Response of its own
 				// onto the guard's recorder, which writes on to res.

@@ -70,7 +70,10 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 			return
 		}
 		orig, origReq := c.Writer, c.Request
-		r := origReq.WithContext(context.WithValue(origReq.Context(), ctxKey{}, c))
+		r := origReq
+		if opts.Scope != nil { // only Scope needs the framework's context
+			r = origReq.WithContext(context.WithValue(origReq.Context(), ctxKey{}, c))
+		}
 		ran := false
 		defer abortOnPanic(orig)
 		guard.Serve(orig, r, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -193,10 +193,16 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	final := isFinalOutcome(err)
 	settled, recorded := false, false
 	pin, endRecord := false, noEnd
+	ectx := t.ctx
 	defer func() {
-		switch {
-		case settled:
+		if settled {
 			return
+		}
+		if endRecord != nil { // the Codec or Backend ended the goroutine before the span's end
+			defer endRecord(errRecordExited)
+		}
+		t.ctx = ectx
+		switch {
 		case recorded: // the Observer's NotRecorded or a span's end ended the goroutine
 			s.settleEntry(t, val, err, final, pin)
 		default:
@@ -204,7 +210,6 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 		}
 		s.finished(t, err, final)
 	}()
-	ectx := t.ctx
 	var unrecorded *NotRecordedError
 	var releaseErr error // the release's own failure, for the record span
 	if t.claim != nil {
@@ -215,13 +220,17 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 		}
 	}
 	recorded = true // as far as it will be: the entry's fate is known
+	end := endRecord
 	if unrecorded != nil {
 		// Before the waiters wake: whoever hears the outcome may
 		// rely on the Observer having heard it was not recorded.
 		s.notRecorded(t.ctx, e.key, unrecorded)
-		endRecord(unrecorded)
+	}
+	endRecord = nil // ended here, whatever the end does
+	if unrecorded != nil {
+		end(unrecorded)
 	} else {
-		endRecord(releaseErr) // nil when the write landed, whatever the outcome it wrote
+		end(releaseErr) // nil when the write landed, whatever the outcome it wrote
 	}
 	t.ctx = ectx // the Observer's Call runs under the execute span, which is still open
 	s.settleEntry(t, val, err, final, pin)
@@ -229,6 +238,10 @@ func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	s.finished(t, err, final)
 	return val, err
 }
+
+// errRecordExited ends the record span of a write the user's code (a
+// Codec, a Backend) cut short by ending the goroutine.
+var errRecordExited = errors.New("idem: the outcome's write ended its goroutine")
 
 // finished tells the Observer, last, once the key is settled for
 // everyone, how t's execution ended; also when the user's code ended

@@ -18,6 +18,11 @@
 //     the key was interrupted and its outcome is unknown (an operator must
 //     reconcile it).
 //
+// The handler runs under the caller's deadline, not its cancellation. A
+// duplicate that waited on an execution that ran out of its caller's time
+// (DeadlineExceeded, which releases the key) claims the key again while it
+// has time of its own.
+//
 // A handler's response is remembered; so is an error marked idem.Final,
 // with its status code and message. Any other error releases the key, so
 // that a retry runs the handler again.

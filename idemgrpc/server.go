@@ -196,6 +196,12 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	bctx, cancel := context.WithTimeout(ctx, s.opts.Wait)
 	defer cancel()
 	t, err := s.store.Begin(bctx, storeKey, fp[:])
+	for err != nil && ctx.Err() == nil && ranOutOfTime(err) {
+		// The execution this call waited on ended with its own caller's
+		// deadline, and released the key: this caller has time left, so
+		// it claims the key again, to run the work under its own.
+		t, err = s.store.Begin(bctx, storeKey, fp[:])
+	}
 	if cerr := ctx.Err(); err != nil && cerr != nil {
 		// The caller's own deadline (or cancellation) ended the wait, not
 		// Wait: answer as gRPC does, so that the client hears the same
@@ -241,6 +247,13 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return own, nil // the store keeps the response's bytes, not the message
 	}
 	return s.decode(reply)
+}
+
+// ranOutOfTime reports whether err is a shared execution's handler error
+// that says its deadline passed.
+func ranOutOfTime(err error) bool {
+	var he *handlerError
+	return errors.As(err, &he) && (errors.Is(he.err, context.DeadlineExceeded) || status.Code(he.err) == codes.DeadlineExceeded)
 }
 
 // handlerError carries a handler's error that is not final: the key is

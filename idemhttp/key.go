@@ -82,8 +82,18 @@ func NewKey() string {
 // redirects, instead of making its own.
 func WithKey(req *http.Request, key string) *http.Request {
 	r := req.Clone(req.Context())
-	setKey(r.Header, key)
+	setKey(r.Header, encodeKey(key))
 	return r
+}
+
+// encodeKey returns the header value that carries key: the key as it is,
+// or as an sf-string where ParseKey would read it otherwise (a comma, a
+// leading quote).
+func encodeKey(key string) string {
+	if !strings.ContainsRune(key, ',') && !strings.HasPrefix(key, `"`) {
+		return key
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
 }
 
 // keyOf returns the Idempotency-Key in h, however its name was spelt by
@@ -100,13 +110,13 @@ func keyOf(h http.Header) string {
 	return ""
 }
 
-// setKey makes key h's one Idempotency-Key, removing any other spelling of
+// setKey makes value h's one Idempotency-Key, removing any other spelling of
 // the name, so that a request never carries two.
-func setKey(h http.Header, key string) {
+func setKey(h http.Header, value string) {
 	for name := range h {
 		if strings.EqualFold(name, Header) {
 			delete(h, name)
 		}
 	}
-	h.Set(Header, key)
+	h.Set(Header, value)
 }

@@ -200,22 +200,34 @@ func (r *recorder) keepTrailers() {
 		keep(name, h[name])
 	}
 	for key, v := range h {
-		if name, ok := strings.CutPrefix(key, http.TrailerPrefix); ok {
+		if name, ok := strings.CutPrefix(key, http.TrailerPrefix); ok && !badTrailers[http.CanonicalHeaderKey(name)] {
 			keep(http.CanonicalHeaderKey(name), v)
 		}
 	}
 }
 
-// trailerNames returns the canonical names h's Trailer header declares.
+// badTrailers are the names net/http never sends as trailers (as
+// golang.org/x/net/http/httpguts.ValidTrailerHeader says): declared as
+// trailers, they are sent as headers, so they are kept as headers.
+var badTrailers = map[string]bool{
+	"Authorization": true, "Cache-Control": true, "Connection": true, "Content-Encoding": true,
+	"Content-Length": true, "Content-Range": true, "Content-Type": true, "Expect": true, "Host": true,
+	"Keep-Alive": true, "Max-Forwards": true, "Pragma": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Proxy-Connection": true, "Range": true, "Realm": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Www-Authenticate": true,
+}
+
+// trailerNames returns the canonical names h's Trailer header declares
+// that net/http sends as trailers.
 func trailerNames(h http.Header) map[string]bool {
 	var names map[string]bool
 	for _, v := range h["Trailer"] {
 		for name := range strings.SplitSeq(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
+			if name = http.CanonicalHeaderKey(strings.TrimSpace(name)); name != "" && !badTrailers[name] {
 				if names == nil {
 					names = make(map[string]bool)
 				}
-				names[http.CanonicalHeaderKey(name)] = true
+				names[name] = true
 			}
 		}
 	}

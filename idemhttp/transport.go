@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -20,9 +21,10 @@ import (
 // and gives up, returning the last answer, when the wait would pass MaxWait
 // or outlast the request's context.
 //
-// A redirect (307, 308) that http.Client follows is sent with the key of
-// the request it redirects, so the operation keeps one key wherever it is
-// answered.
+// A redirect that http.Client follows with the same method (307, 308) is
+// sent with the key of the request it redirects, so the operation keeps one
+// key wherever it is answered, another host included, as http.Client
+// forwards a key the caller set; a 303's GET is another request.
 //
 // The body is rewound with Request.GetBody (set by http.NewRequest for
 // common body types); a request whose body cannot be rewound is sent once.
@@ -72,13 +74,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return base.RoundTrip(req)
 	}
 	key := keyOf(req.Header)
-	if key == "" && req.Response != nil && req.Response.Request != nil {
+	if key == "" && req.Response != nil && req.Response.Request != nil && req.Response.Request.Method == req.Method {
 		// http.Client follows a redirect with the caller's headers, not
 		// those of the attempt redirected: keep that attempt's key.
 		key = keyOf(req.Response.Request.Header)
 	}
 	if key == "" {
 		key = NewKey()
+	} else if !strings.HasPrefix(key, `"`) {
+		key = encodeKey(key) // a bare key with a comma would read as a list
 	}
 	rewindable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	maxAttempts := t.MaxAttempts

@@ -43,7 +43,7 @@ var (
 // and registered on first use. A provider of a type that cannot be a map
 // key gets a set of its own each time.
 func metricsFor(mp metric.MeterProvider, store string) (*metrics, error) {
-	if !reflect.TypeOf(mp).Comparable() {
+	if !reflect.ValueOf(mp).Comparable() { // the value: an interface field may hold what cannot be hashed
 		return newMetrics(mp, store)
 	}
 	k := metricsKey{mp, store}

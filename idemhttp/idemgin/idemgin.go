@@ -5,7 +5,9 @@
 //
 // Two gin paths are not guarded, because gin writes their answer after the
 // guard has returned, where it cannot be recorded: a request that matches
-// no route (gin's 404 and 405) passes through, and a handler that ends
+// no route (gin's 404 and 405) passes through, and so do the engine's
+// NoRoute and NoMethod handlers, which must not have effects a retry would
+// repeat (guard such a fallback with a route of its own); and a handler that ends
 // with errors in c.Errors (c.Error, c.AbortWithError) and no body releases
 // its key, so that the error written by a middleware outside the guard,
 // such as gin.ErrorLogger, is sent as it is and a retry runs the handler
@@ -64,8 +66,8 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 	return func(c *gin.Context) {
 		if c.FullPath() == "" {
 			// No route matched: gin answers 404 or 405 itself once the
-			// chain returns. There is no handler to guard, and gin's
-			// answer is written after the guard could record it.
+			// chain returns, after the guard could record it. A NoRoute
+			// handler of the user's runs unguarded too (documented).
 			c.Next()
 			return
 		}
@@ -81,8 +83,9 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 			gw := &writer{ResponseWriter: orig, out: w}
 			c.Writer, c.Request = gw, req
 			defer func() { c.Writer, c.Request = orig, origReq }()
+			before := len(c.Errors) // errors of middleware outside the guard are not the handler's
 			c.Next()
-			if !gw.forwarded && len(c.Errors) > 0 {
+			if !gw.forwarded && len(c.Errors) > before {
 				// gin's error pattern: c.Error or c.AbortWithError, with no
 				// body yet, for a middleware outside the guard (or gin
 				// itself) to render once the guard has returned. That

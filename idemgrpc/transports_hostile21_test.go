@@ -46,4 +46,3 @@ func TestH21CoalescedDuplicateInheritsFirstCallersDeadline(t *testing.T) {
 	t.Logf("A: %v; B after %v: out=%v err=%v (%T), runs=%d", <-aerr, time.Since(start), out, berr, berr, runs.Load())
 	assert.NoError(t, berr, "B had 4.9s left but got A's deadline failure")
 }
-

@@ -63,4 +63,3 @@ func TestH21GinStreamGoneClient(t *testing.T) {
 	b, _ := reviewPost(t, srv.URL+"/x", "k", "{}")
 	t.Logf("retry: %d omitted=%q runs=%d", b.StatusCode, b.Header.Get("Idempotent-Body-Omitted"), runs.Load())
 }
-

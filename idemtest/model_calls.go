@@ -182,7 +182,10 @@ func (w *world) check(c *modelCall) string {
 	w.mu.Unlock()
 	err := c.err
 	if p := c.pin; p != nil {
-		if _, still := w.pinOf(c.key); still && (c.ran() || c.val.N != p.value) {
+		// Only a pin that held for the whole call binds its answer: one
+		// unpinned meanwhile (a Forget, a lapse) and pinned anew (another
+		// execution's unrecorded outcome) binds nothing.
+		if now, still := w.pinOf(c.key); still && now == *p && w.unpins.Load() == c.unpins0 && (c.ran() || c.val.N != p.value) {
 			return fmt.Sprintf("store %d held %d unrecorded for the key, yet answered %d, %v (ran %v)", p.store, p.value, c.val.N, err, c.ran())
 		}
 	}

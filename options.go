@@ -32,7 +32,14 @@ type Options struct {
 	// Backend: in flight, or pinned while the backend cannot record their
 	// outcome). When it is reached, a new key gets ErrFull while known keys
 	// still replay (with a Backend, from the backend); no live key is
-	// evicted. Zero or negative means unbounded.
+	// evicted. Zero means 100,000: without a Backend, about 174 MB of heap
+	// when each outcome is a 1 KiB HTTP response (bench/README.md gives the
+	// cost per key of each backend). Negative means no bound, for a store
+	// whose callers are all trusted to bound their own keys.
+	//
+	// With a Backend, what the backend remembers is bounded by the rate of
+	// new keys times the TTL, not by MaxKeys; idemhttp and idemgrpc bound
+	// it per client with a quota (ScopeQuota).
 	MaxKeys int
 
 	// ExecutionTimeout bounds the context that fn runs under. A fn that fails
@@ -116,6 +123,7 @@ type Options struct {
 
 const (
 	defaultTTL           = 24 * time.Hour
+	defaultMaxKeys       = 100_000
 	defaultSweepInterval = time.Minute
 	minDefaultSweep      = time.Second
 	defaultLease         = 30 * time.Second
@@ -179,8 +187,11 @@ func (o Options) withDefaults() Options {
 	if o.SweepInterval == 0 {
 		o.SweepInterval = max(min(defaultSweepInterval, o.TTL), minDefaultSweep)
 	}
-	if o.MaxKeys < 0 {
-		o.MaxKeys = 0
+	switch {
+	case o.MaxKeys == 0:
+		o.MaxKeys = defaultMaxKeys
+	case o.MaxKeys < 0:
+		o.MaxKeys = 0 // the table's "unbounded"
 	}
 	if o.ExecutionTimeout < 0 {
 		o.ExecutionTimeout = 0

@@ -159,6 +159,14 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 		case err != nil:
 			return &BackendError{Op: "forget", Err: err}
 		}
+		// The backend's record is gone: the forget happened. A call that
+		// claimed the key here since came after it, and is neither
+		// refused nor dropped (reporting a refusal would tell the
+		// operator the old record is still there).
+		if err := s.table.forget(key); err != nil && !errors.Is(err, ErrKeyHeld) {
+			return err
+		}
+		return nil
 	}
 	return s.table.forget(key)
 }

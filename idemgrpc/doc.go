@@ -9,14 +9,21 @@
 //
 //   - InvalidArgument: the key is missing (when Required) or malformed, or
 //     it was used before with a different request (method and message).
+//   - Unauthenticated: Options.Scope could not tell who is calling. The
+//     message is fixed; Scope's error goes to the log at Debug.
 //   - Aborted, with a RetryInfo detail: a call with the key is still in
 //     flight after Options.Wait; retry with the same key. A call whose own
 //     deadline ends first gets DeadlineExceeded, as from gRPC itself.
+//   - AlreadyExists, with idempotent-body-omitted: true: the call with the
+//     key succeeded, but its response was larger than
+//     Options.MaxStoredReply and was not kept (see BodyOmittedHeader).
 //   - ResourceExhausted: the store holds as many keys in flight as it may.
 //   - Unavailable: the store cannot be reached; retry with the same key.
-//   - Internal: the handler panicked (the key is released), or a call with
+//   - Internal: the handler panicked (the key is released), a call with
 //     the key was interrupted and its outcome is unknown (an operator must
-//     reconcile it).
+//     reconcile it), or Options.Scope returned an empty scope, which is
+//     what it returns when authentication did not run (logged at Error
+//     once, then at Debug).
 //
 // The handler runs under the caller's deadline, not its cancellation. A
 // duplicate that waited on an execution that ran out of its caller's time
@@ -26,6 +33,22 @@
 // A handler's response is remembered; so is an error marked idem.Final,
 // with its status code and message. Any other error releases the key, so
 // that a retry runs the handler again.
+//
+// What is remembered: the response message in wire form, held once, up to
+// Options.MaxStoredReply (1 MiB unless set). A larger response goes whole
+// to the call that ran the handler and is remembered without its message:
+// the call is done and never runs again for its key, and every other call
+// with the key, those that waited on it included, is answered
+// AlreadyExists. The headers and trailers the handler set are remembered
+// too, all of them or those Options.StoredMetadata names, but those
+// Options.SkipMetadata names and those never stored: credentials
+// (set-cookie, cookie, authorization, proxy-authorization,
+// www-authenticate, proxy-authenticate, authentication-info,
+// proxy-authentication-info), HTTP/2 connection headers, what gRPC makes
+// for each response (content-type, user-agent, pseudo-headers, every
+// grpc- key) and this package's own marks. The call that runs the handler
+// sends its client everything the handler set; only what is remembered
+// is filtered.
 //
 // On the client, UnaryClientInterceptor gives each logical call one key (or
 // keeps the caller's) and sends it on every attempt: its own retries of

@@ -3,98 +3,47 @@ package idemgrpc
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/seed094d4201/idem"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"github.com/seed094d4201/idem/internal/limit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // The metadata keys idemgrpc reads and writes.
 const (
-	KeyHeader      = "idempotency-key"
+	// KeyHeader carries the idempotency key of a call.
+	KeyHeader = "idempotency-key"
+
+	// ReplayedHeader is set, to "true", on every replay: the handler did
+	// not run for this call; its answer is a remembered one.
 	ReplayedHeader = "idempotent-replayed"
+
+	// BodyOmittedHeader is set, to "true", beside ReplayedHeader on a
+	// replay of a call whose response message was not remembered, being
+	// larger than Options.MaxStoredReply. The handler ran and succeeded,
+	// once; the replay carries its remembered headers and trailers and
+	// the status AlreadyExists, whose message gives the size of the
+	// response it omits. A client must not run the call again (with a new
+	// key) to get the message; it can read what the call made instead.
+	//
+	// AlreadyExists is what a server without idempotency keys answers a
+	// create it has already done: the work is done, ask for its result.
+	// It is not a code UnaryClientInterceptor retries (Unavailable,
+	// Aborted, ResourceExhausted), nor one a retry policy lists by
+	// habit. OK with an empty message would pass for the whole answer,
+	// FailedPrecondition, Internal or DataLoss would say that the call
+	// failed or that the server is broken, and none of that is so.
+	BodyOmittedHeader = "idempotent-body-omitted"
 )
-
-// A Reply is what the server interceptor remembers for a key and replays.
-type Reply struct {
-	Message []byte      // the response, an anypb.Any in wire form
-	Header  metadata.MD // what the handler set with grpc.SetHeader
-	Trailer metadata.MD // and with grpc.SetTrailer
-	Code    codes.Code  // a final error's status code; OK for a response
-	Error   string      // and its message
-	Status  []byte      // and the whole google.rpc.Status in wire form, details included
-
-	// While the Reply lives in memory (a store without a Backend, or the
-	// calls that waited on this one), the response's type and wire form,
-	// so that a replay need not unwrap Message.
-	typ protoreflect.MessageType
-	raw []byte
-}
-
-// replyJSON is a Reply in JSON, the store's default Codec: metadata values
-// travel as bytes, since a -bin value is any bytes at all.
-type replyJSON struct {
-	Message []byte              `json:"message,omitempty"`
-	Header  map[string][][]byte `json:"header,omitempty"`
-	Trailer map[string][][]byte `json:"trailer,omitempty"`
-	Code    codes.Code          `json:"code,omitempty"`
-	Error   string              `json:"error,omitempty"`
-	Status  []byte              `json:"status,omitempty"`
-}
-
-func (r Reply) MarshalJSON() ([]byte, error) {
-	return json.Marshal(replyJSON{Message: r.Message, Header: mdBytes(r.Header), Trailer: mdBytes(r.Trailer), Code: r.Code, Error: r.Error, Status: r.Status})
-}
-
-func (r *Reply) UnmarshalJSON(data []byte) error {
-	var j replyJSON
-	if err := json.Unmarshal(data, &j); err != nil {
-		return err
-	}
-	*r = Reply{Message: j.Message, Header: mdStrings(j.Header), Trailer: mdStrings(j.Trailer), Code: j.Code, Error: j.Error, Status: j.Status}
-	return nil
-}
-
-func mdBytes(md metadata.MD) map[string][][]byte {
-	if len(md) == 0 {
-		return nil
-	}
-	m := make(map[string][][]byte, len(md))
-	for k, vs := range md {
-		for _, v := range vs {
-			m[k] = append(m[k], []byte(v))
-		}
-	}
-	return m
-}
-
-func mdStrings(m map[string][][]byte) metadata.MD {
-	if len(m) == 0 {
-		return nil
-	}
-	md := make(metadata.MD, len(m))
-	for k, vs := range m {
-		for _, v := range vs {
-			md[k] = append(md[k], string(v))
-		}
-	}
-	return md
-}
 
 // Options configure UnaryServerInterceptor. Every zero field means the
 // default it documents.
@@ -110,9 +59,47 @@ type Options struct {
 	// Scope returns the client a call acts for, such as the authenticated
 	// identity an earlier interceptor put in ctx, and the key is joined to
 	// it: two clients never share an outcome. An error answers
-	// Unauthenticated and runs nothing. Nil means one scope for every call,
-	// which is right only when one client alone can reach the server.
+	// Unauthenticated with a fixed message and runs nothing; the error
+	// itself, which may tell how credentials are checked, goes to Logger
+	// at Debug, never to the client. An empty scope with a nil error
+	// answers Internal and runs nothing: it is what a Scope returns when
+	// authentication did not run, and would put every such caller in one
+	// scope. Nil means one scope for every call, which is right only when
+	// one client alone can reach the server; say so with Unscoped, or the
+	// interceptor warns once when it is made. Either way a scoped server's
+	// keys and an unscoped one's live apart (idemhttp.StoreKey's form, the
+	// unscoped under the empty scope), so one store can serve both.
 	Scope func(ctx context.Context) (string, error)
+
+	// Unscoped declares that one client alone reaches the server, so that
+	// a nil Scope is a choice rather than an oversight, and is not warned
+	// about. It is ignored, with an error logged once, when Scope is set.
+	Unscoped bool
+
+	// ScopeQuota bounds the new keys one scope may make within
+	// ScopeQuotaWindow: past it, a call with a new key is answered
+	// ResourceExhausted with RetryInfo, while the scope's known keys still
+	// replay and other scopes are untouched. A key counts from its claim
+	// until its window passes, unless the handler's outcome is not
+	// remembered: that key is given back. It is counted by this process;
+	// with a Backend shared by N servers, a scope may make up to N times
+	// the quota in the backend. A call over the quota still costs a claim
+	// and a release in the Backend: it bounds the keys kept, not the call
+	// rate. The store's MaxKeys is shared by every scope: without a quota
+	// one scope can fill it for all, so on a server with many clients set
+	// one. Zero or negative means no quota.
+	ScopeQuota int
+
+	// ScopeQuotaWindow is the window ScopeQuota counts over; set it to the
+	// store's TTL. Zero means 24 hours, the store's default TTL.
+	ScopeQuotaWindow time.Duration
+
+	// MaxWaiters bounds the calls with one key held at once in this
+	// process besides the one that runs it: duplicates waiting for its
+	// outcome, and replays of a finished key still being read from the
+	// Backend. One more is answered Aborted with RetryInfo at once. Zero
+	// means 8; negative means no bound.
+	MaxWaiters int
 
 	// Wait bounds how long a call whose key is in flight, here or on
 	// another server sharing the store's Backend, waits for that outcome
@@ -125,10 +112,46 @@ type Options struct {
 	// means one second.
 	RetryAfter time.Duration
 
+	// StoredMetadata, if not nil, are the only header and trailer keys
+	// remembered and replayed with the response. Nil means every key the
+	// handler set, but those in SkipMetadata. Either way some keys are
+	// never stored: credentials (set-cookie, cookie, authorization,
+	// proxy-authorization, www-authenticate, proxy-authenticate,
+	// authentication-info, proxy-authentication-info), HTTP/2 connection
+	// headers (connection, keep-alive, proxy-connection, te, trailer,
+	// transfer-encoding, upgrade), what gRPC makes for each response
+	// (content-type, content-length, user-agent, pseudo-headers such as
+	// :status, and every key beginning with grpc-, grpc-retry-pushback-ms
+	// included, which speaks of one attempt), and idempotent-replayed and
+	// idempotent-body-omitted, which a replay sets itself: a replay
+	// carries credentials of no one. Keys are compared without regard to
+	// case. The call that runs the handler sends its client everything the
+	// handler set; only what is remembered is filtered.
+	StoredMetadata []string
+
+	// SkipMetadata are header and trailer keys never remembered, besides
+	// those above, such as a per-call x-request-id. Nil means none.
+	SkipMetadata []string
+
+	// MaxStoredReply bounds the response message remembered, in bytes of
+	// its wire form. A larger response is delivered whole to the call that
+	// ran the handler, and the call is remembered as done without it: the
+	// handler is not run again for its key, and every other call with the
+	// key, the ones that waited on it included, is answered AlreadyExists
+	// with the remembered metadata and BodyOmittedHeader. Zero or negative
+	// means 1 MiB.
+	MaxStoredReply int
+
 	// Logger receives what cannot be told to the client: a handler panic,
-	// an outcome the backend failed to record. Nil means slog.Default().
+	// an outcome the backend failed to record, the error of Scope.
+	// Refusals a client can cause at will (no credentials for the scope, a
+	// full store) are logged at Debug at most, so that no client can flood
+	// the log. Nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// defaultMaxStoredReply is MaxStoredReply's default, idemhttp's for bodies.
+const defaultMaxStoredReply = 1 << 20
 
 // UnaryServerInterceptor returns an interceptor that runs each guarded
 // unary call at most once per key and replays its outcome, as the package
@@ -144,6 +167,9 @@ func UnaryServerInterceptor(store *idem.Store[Reply], opts Options) grpc.UnarySe
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.MaxStoredReply <= 0 {
+		opts.MaxStoredReply = defaultMaxStoredReply
+	}
 	var methods map[string]bool
 	if opts.Methods != nil {
 		methods = make(map[string]bool, len(opts.Methods))
@@ -151,7 +177,8 @@ func UnaryServerInterceptor(store *idem.Store[Reply], opts Options) grpc.UnarySe
 			methods[m] = true
 		}
 	}
-	s := &server{store: store, opts: opts}
+	s := &server{store: store, opts: opts, keep: newMetadataPolicy(opts.StoredMetadata, opts.SkipMetadata)}
+	s.setLimits()
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if methods != nil && !methods[info.FullMethod] {
 			return handler(ctx, req)
@@ -163,7 +190,20 @@ func UnaryServerInterceptor(store *idem.Store[Reply], opts Options) grpc.UnarySe
 type server struct {
 	store *idem.Store[Reply]
 	opts  Options
+	keep  metadataPolicy // the headers and trailers remembered
+
+	quota   *limit.Quota   // new keys per scope
+	waiters *limit.Waiters // calls held per key
+
+	emptyScopeSeen atomic.Bool // the first empty scope is logged at Error, the rest at Debug
 }
+
+// Scope refusals: fixed messages, so that nothing of how the server checks
+// credentials reaches a client.
+var (
+	errScope      = status.Error(codes.Unauthenticated, "the caller's scope could not be determined")
+	errEmptyScope = status.Error(codes.Internal, "the server could not determine the caller's scope")
+)
 
 func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -184,14 +224,31 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	storeKey := key
+	scope := "" // unscoped: the empty scope, which Scope never gives
 	if s.opts.Scope != nil {
-		scope, err := s.opts.Scope(ctx)
-		if err != nil {
-			return nil, status.Errorf(codes.Unauthenticated, "the caller's scope could not be determined: %v", err)
+		scope, err = s.opts.Scope(ctx)
+		switch {
+		case err != nil:
+			// A client without credentials can cause this at will: Debug.
+			s.opts.Logger.Debug("idemgrpc: Options.Scope failed; call refused", "method", info.FullMethod, "err", err)
+			return nil, errScope
+		case scope == "":
+			if !s.emptyScopeSeen.Swap(true) {
+				// A server bug, not the client's: said loudly once, then
+				// at Debug, so that no client can flood the log with it.
+				s.opts.Logger.Error("idemgrpc: Options.Scope returned an empty scope; calls are refused with Internal (does the authentication interceptor run before this one?)", "method", info.FullMethod)
+			} else {
+				s.opts.Logger.Debug("idemgrpc: Options.Scope returned an empty scope; call refused", "method", info.FullMethod)
+			}
+			return nil, errEmptyScope
 		}
-		storeKey = scopedKey(scope, key)
 	}
+	storeKey := scopedKey(scope, key)
+	if !s.waiters.Enter(storeKey) {
+		s.opts.Logger.Debug("idemgrpc: too many duplicates of one key waiting; call refused", "method", info.FullMethod)
+		return nil, s.retryLater(codes.Aborted, "as many calls with this idempotency-key as the server holds are waiting already; retry with the same key", s.opts.RetryAfter)
+	}
+	defer s.waiters.Leave(storeKey)
 
 	bctx, cancel := context.WithTimeout(ctx, s.opts.Wait)
 	defer cancel()
@@ -208,6 +265,9 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		// status whether its deadline or this answer reaches it first.
 		return nil, status.FromContextError(cerr).Err()
 	}
+	if errors.Is(err, errOverQuota) {
+		return nil, s.overQuota(scope)
+	}
 	if err != nil {
 		return nil, s.refusal(err)
 	}
@@ -216,6 +276,21 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		reply, err := t.Result()
 		return s.replay(ctx, reply, err)
 	}
+	// Counted only for a key this call claimed, so that replays and the
+	// duplicates waiting on a key never spend the scope's quota, and a
+	// scope over it still gets its known keys' replays. The key claimed
+	// over the quota is let go, and calls waiting on it hear so.
+	quota, withinQuota := s.quota.Reserve(scope)
+	if !withinQuota {
+		t.Finish(Reply{}, errOverQuota)
+		return nil, s.overQuota(scope)
+	}
+	kept := false
+	defer func() {
+		if !kept { // released, or the handler ended its goroutine: it holds nothing
+			quota.Cancel()
+		}
+	}()
 	var own any // the handler's response, this call's to return
 	reply, err := t.Do(func(work context.Context) (Reply, error) {
 		if deadline, ok := ctx.Deadline(); ok {
@@ -226,11 +301,12 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 			work, cancel = context.WithDeadline(work, deadline)
 			defer cancel()
 		}
-		rec := &recordingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(work)}
+		rec := &recordingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(work), keep: s.keep, maxReply: s.opts.MaxStoredReply}
 		resp, err := handler(grpc.NewContextWithServerTransportStream(work, rec), req)
 		own = resp
 		return rec.reply(resp, err)
 	})
+	kept = err == nil
 	var pe *idem.PanicError
 	switch {
 	case errors.As(err, &pe):
@@ -244,7 +320,9 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, err
 	}
 	if reply.Code == codes.OK {
-		return own, nil // the store keeps the response's bytes, not the message
+		// The store keeps the response's bytes, or only its size, not the
+		// message: this caller gets the handler's own, whole.
+		return own, nil
 	}
 	return s.decode(reply)
 }
@@ -272,11 +350,7 @@ func (s *server) refusal(err error) error {
 	case errors.Is(err, idem.ErrPayloadMismatch):
 		return status.Error(codes.InvalidArgument, "this idempotency-key was used with a different request")
 	case errors.Is(err, idem.ErrInProgress):
-		st := status.New(codes.Aborted, "a call with this idempotency-key is still being processed; retry with the same key")
-		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(s.opts.RetryAfter)}); derr == nil {
-			st = d
-		}
-		return st.Err()
+		return s.retryLater(codes.Aborted, "a call with this idempotency-key is still being processed; retry with the same key", s.opts.RetryAfter)
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		return status.Error(codes.Internal, "a call with this idempotency-key was interrupted and its outcome is unknown; it needs an operator")
 	case errors.Is(err, idem.ErrFull):
@@ -293,52 +367,21 @@ func (s *server) refusal(err error) error {
 	return status.Error(codes.Unavailable, "idempotency keys cannot be checked right now; retry with the same key")
 }
 
-// replay answers a call from a remembered reply, marked as a replay.
+// replay answers a call from a remembered reply, marked as a replay. Its
+// metadata is filtered again, for records stored before a key was barred.
 func (s *server) replay(ctx context.Context, reply Reply, err error) (any, error) {
 	if err != nil {
 		return nil, s.refusal(err)
 	}
-	header := metadata.Join(reply.Header, metadata.Pairs(ReplayedHeader, "true"))
-	_ = grpc.SetHeader(ctx, header)
-	if len(reply.Trailer) > 0 {
-		_ = grpc.SetTrailer(ctx, reply.Trailer)
+	marks := metadata.Pairs(ReplayedHeader, "true")
+	if reply.Code == codes.OK && reply.Omitted > 0 {
+		marks.Set(BodyOmittedHeader, "true")
+	}
+	_ = grpc.SetHeader(ctx, metadata.Join(s.keep.filter(reply.Header), marks))
+	if trailer := s.keep.filter(reply.Trailer); len(trailer) > 0 {
+		_ = grpc.SetTrailer(ctx, trailer)
 	}
 	return s.decode(reply)
-}
-
-// decode turns a reply back into the handler's response, a message of its
-// own for each caller, or its final status, details included.
-func (s *server) decode(reply Reply) (any, error) {
-	switch {
-	case reply.Code != codes.OK && len(reply.Status) > 0:
-		var sp spb.Status
-		if err := proto.Unmarshal(reply.Status, &sp); err == nil {
-			return nil, status.FromProto(&sp).Err()
-		}
-		return nil, status.Error(reply.Code, reply.Error)
-	case reply.Code != codes.OK:
-		return nil, status.Error(reply.Code, reply.Error)
-	}
-	typ, raw := reply.typ, reply.raw
-	if typ == nil {
-		var a anypb.Any
-		if err := proto.Unmarshal(reply.Message, &a); err != nil {
-			return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
-		}
-		var err error
-		if typ, err = protoregistry.GlobalTypes.FindMessageByURL(a.GetTypeUrl()); err != nil {
-			return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
-		}
-		raw = a.GetValue()
-	}
-	// Decoded into its fields, not passed on as bytes: an interceptor
-	// outside this one may read or change the response (redact it, stamp
-	// it), and must find it as the handler made it.
-	m := typ.New().Interface()
-	if err := proto.Unmarshal(raw, m); err != nil {
-		return nil, status.Errorf(codes.Internal, "idemgrpc: decoding the remembered response: %v", err)
-	}
-	return m, nil
 }
 
 // fingerprint identifies a call: its method and its request message in
@@ -359,15 +402,4 @@ func fingerprint(method string, req any) ([sha256.Size]byte, error) {
 	var fp [sha256.Size]byte
 	h.Sum(fp[:0])
 	return fp, nil
-}
-
-// scopedKey joins scope and key as idemhttp does, so that no other pair
-// makes the same store key; one idem would refuse is replaced by its hash.
-func scopedKey(scope, key string) string {
-	k := strconv.Itoa(len(scope)) + ":" + scope + ":" + key
-	if idem.CheckKey(k) == nil {
-		return k
-	}
-	sum := sha256.Sum256([]byte(k))
-	return fmt.Sprintf("sha256:%x", sum)
 }

@@ -28,7 +28,9 @@ func guard(t *testing.T, opts idemgrpc.Options, storeOpts idem.Options) []grpc.U
 
 func TestOneExecutionFor100ConcurrentCalls(t *testing.T) {
 	p := &payments{entered: make(chan struct{}, 1), gate: make(chan struct{})}
-	conn := startBuf(t, p, guard(t, idemgrpc.Options{Wait: time.Minute}, idem.Options{}))
+	// MaxWaiters -1: every duplicate may wait, so all 100 are coalesced
+	// (the default cap is tested in limits_test.go).
+	conn := startBuf(t, p, guard(t, idemgrpc.Options{Unscoped: true, Wait: time.Minute, MaxWaiters: -1}, idem.Options{}))
 	const calls = 100
 	var wg sync.WaitGroup
 	results := make(chan float64, calls)

@@ -10,13 +10,16 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // recordingStream passes the headers and trailers a handler sets on to the
-// call's stream and keeps a copy to remember.
+// call's stream, every one of them, and keeps a copy of those that are
+// remembered.
 type recordingStream struct {
 	grpc.ServerTransportStream // the call's own; nil in some tests of handlers alone
+
+	keep     metadataPolicy // which headers and trailers are remembered
+	maxReply int            // the largest response message remembered, in bytes
 
 	mu      sync.Mutex
 	header  metadata.MD // guarded by mu
@@ -24,9 +27,7 @@ type recordingStream struct {
 }
 
 func (r *recordingStream) SetHeader(md metadata.MD) error {
-	r.mu.Lock()
-	r.header = metadata.Join(r.header, md)
-	r.mu.Unlock()
+	r.record(&r.header, md)
 	if r.ServerTransportStream == nil {
 		return nil
 	}
@@ -34,9 +35,7 @@ func (r *recordingStream) SetHeader(md metadata.MD) error {
 }
 
 func (r *recordingStream) SendHeader(md metadata.MD) error {
-	r.mu.Lock()
-	r.header = metadata.Join(r.header, md)
-	r.mu.Unlock()
+	r.record(&r.header, md)
 	if r.ServerTransportStream == nil {
 		return nil
 	}
@@ -44,20 +43,36 @@ func (r *recordingStream) SendHeader(md metadata.MD) error {
 }
 
 func (r *recordingStream) SetTrailer(md metadata.MD) error {
-	r.mu.Lock()
-	r.trailer = metadata.Join(r.trailer, md)
-	r.mu.Unlock()
+	r.record(&r.trailer, md)
 	if r.ServerTransportStream == nil {
 		return nil
 	}
 	return r.ServerTransportStream.SetTrailer(md)
 }
 
+// record adds the part of md that is remembered to *to.
+func (r *recordingStream) record(to *metadata.MD, md metadata.MD) {
+	kept := r.keep.filter(md) // a copy: the handler may change md afterwards
+	if kept == nil {
+		return
+	}
+	r.mu.Lock()
+	if *to == nil {
+		*to = kept
+	} else {
+		for k, vs := range kept {
+			(*to)[k] = append((*to)[k], vs...)
+		}
+	}
+	r.mu.Unlock()
+}
+
 // reply turns the handler's outcome into what the store keeps: a response,
 // or a final error with its whole status, as a Reply with a nil error; any
 // other error as a *handlerError, which releases the key. A handler that
-// succeeded is never released, even if its response cannot be kept: that
-// is remembered as an Internal error instead.
+// succeeded is never released, even if its response cannot be kept: a
+// response larger than maxReply is remembered without its message
+// (Omitted), and one that cannot be encoded as an Internal error.
 func (r *recordingStream) reply(resp any, err error) (Reply, error) {
 	r.mu.Lock()
 	reply := Reply{Header: r.header, Trailer: r.trailer}
@@ -69,9 +84,12 @@ func (r *recordingStream) reply(resp any, err error) (Reply, error) {
 		m, ok := resp.(proto.Message)
 		if !ok || m == nil {
 			err = status.Errorf(codes.Internal, "idemgrpc: the handler's response %T is not a protocol buffer message", resp)
-		} else if reply.raw, err = proto.Marshal(m); err != nil {
-			err = status.Errorf(codes.Internal, "idemgrpc: encoding the handler's response: %v", err)
-		} else if reply.Message, err = proto.Marshal(&anypb.Any{TypeUrl: typeURL(m), Value: reply.raw}); err != nil {
+		} else if size := proto.Size(m); size > r.maxReply {
+			// Measured, not encoded: the caller that ran it gets the
+			// handler's own message, and nothing else needs the bytes.
+			reply.Omitted = size
+			return reply, nil
+		} else if reply.Message, reply.raw, err = marshalAny(m, size); err != nil {
 			err = status.Errorf(codes.Internal, "idemgrpc: encoding the handler's response: %v", err)
 		} else {
 			reply.typ = m.ProtoReflect().Type() // the bytes are kept: the handler may change its message
@@ -86,9 +104,4 @@ func (r *recordingStream) reply(resp any, err error) (Reply, error) {
 	reply.Code, reply.Error = st.Code(), st.Message()
 	reply.Status, _ = proto.Marshal(st.Proto()) // Code and Error stand in if this fails
 	return reply, nil
-}
-
-// typeURL is the type URL anypb.New gives m.
-func typeURL(m proto.Message) string {
-	return "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName())
 }

@@ -199,7 +199,7 @@ func TestHostileConcurrentStreamed(t *testing.T) {
 		http.NewResponseController(w).Flush()
 		<-gate
 		io.WriteString(w, "b")
-	}), idemhttp.Options{})
+	}), idemhttp.Options{MaxWaiters: 19})
 	var wg sync.WaitGroup
 	codes := make(chan int, 20)
 	for range 20 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/limit"
 )
 
 // Options configure Middleware. Every zero field means the default it
@@ -40,9 +41,46 @@ type Options struct {
 	// put every such caller in one scope.
 	//
 	// Nil means one scope for every request, which is right only when one
-	// client alone can reach the handler. On a server with many clients,
-	// set it.
+	// client alone can reach the handler; say so with Unscoped, or the
+	// middleware warns once when it is made. Either way a scoped route's
+	// keys and an unscoped route's live apart (StoreKey), so one store can
+	// serve both: no key sent to one can reach the other's records.
 	Scope func(*http.Request) (string, error)
+
+	// Unscoped declares that one client alone reaches the handler, so that
+	// a nil Scope is a choice rather than an oversight, and is not warned
+	// about. It is ignored, with an error logged once, when Scope is set.
+	Unscoped bool
+
+	// ScopeQuota bounds the new keys one scope may make within
+	// ScopeQuotaWindow: past it, a request with a new key is answered 429
+	// with Retry-After, while the scope's known keys still replay and
+	// other scopes are untouched. Without Scope, every request is of one
+	// scope, so it bounds the route. A key counts from its claim until its
+	// window passes, unless its handler's response is not remembered (a
+	// 5xx, a panic): that key is given back. It is counted by this
+	// process: with a Backend shared by N instances behind a balancer, a
+	// scope may make up to N times the quota in the backend, and the
+	// backend holds at most that many of its keys per window. A request
+	// over the quota still costs a claim and a release in the Backend: it
+	// bounds the keys kept, not the request rate, which is a rate
+	// limiter's job. The store's MaxKeys is shared by every scope: without
+	// a quota one scope can fill it for all (503s), so on a server with
+	// many clients set one, with the quota times the scopes active at
+	// once within MaxKeys. Zero or negative means no quota.
+	ScopeQuota int
+
+	// ScopeQuotaWindow is the window ScopeQuota counts over. Set it to the
+	// store's TTL, for a quota of keys remembered at once. Zero means 24
+	// hours, the store's default TTL.
+	ScopeQuotaWindow time.Duration
+
+	// MaxWaiters bounds the requests with one key held at once in this
+	// process besides the one that runs it: duplicates waiting for its
+	// outcome, and replays of a finished key still being read from the
+	// Backend (each holds its body and a goroutine). One more is answered
+	// 409 with Retry-After at once. Zero means 8; negative means no bound.
+	MaxWaiters int
 
 	// Fingerprint identifies a request, to refuse a key reused for a
 	// different one with 422. It sees the request and its whole body. Nil
@@ -124,6 +162,8 @@ type Guard struct {
 	methods map[string]bool
 	headers headerPolicy
 	store   *idem.Store[Response]
+	quota   *limit.Quota   // new keys per scope
+	waiters *limit.Waiters // requests held per key
 
 	emptyScopeSeen atomic.Bool // the first empty scope is logged at Error, the rest at Debug
 }
@@ -184,6 +224,14 @@ func NewGuard(store *idem.Store[Response], opts Options) *Guard {
 	}
 	if g.opts.WriteError == nil {
 		g.opts.WriteError = WriteProblem
+	}
+	g.quota = limit.NewQuota(g.opts.ScopeQuota, g.opts.ScopeQuotaWindow, nil)
+	g.waiters = limit.NewWaiters(g.opts.MaxWaiters)
+	switch {
+	case g.opts.Scope == nil && !g.opts.Unscoped:
+		g.opts.Logger.Warn("idemhttp: Options.Scope is nil, so every client shares one key space; set Scope, or Unscoped if one client alone reaches this handler")
+	case g.opts.Scope != nil && g.opts.Unscoped:
+		g.opts.Logger.Error("idemhttp: Options.Scope and Unscoped are both set; Scope is used")
 	}
 	return g
 }
@@ -274,11 +322,18 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	// client cannot cancel.
 	req := r.WithContext(ctx)
 	req.Body = io.NopCloser(bytes.NewReader(body))
-	storeKey := key
-	if g.opts.Scope != nil {
-		storeKey = StoreKey(scope, key)
+	storeKey := StoreKey(scope, key) // unscoped: the empty scope, which Scope never gives
+	lk := logKey{g, scope, key}
+	if !g.waiters.Enter(storeKey) {
+		g.opts.Logger.Debug("idemhttp: too many duplicates of one key waiting; request refused", lk.with()...)
+		g.fail(w, r, http.StatusConflict, "As many requests with this Idempotency-Key as the server holds are waiting already; retry with the same key.", g.opts.RetryAfter, nil)
+		return
 	}
-	bctx, cancel := context.WithTimeout(ctx, g.opts.Wait)
+	defer g.waiters.Leave(storeKey)
+	// The wait ends with the client: a duplicate whose client hung up holds
+	// no goroutine, body nor MaxWaiters slot for the rest of Wait. The work,
+	// if this request claims the key, runs under ctx, which it cannot end.
+	bctx, cancel := context.WithTimeout(r.Context(), g.opts.Wait)
 	defer cancel()
 	t, err := g.store.Begin(bctx, storeKey, fp[:])
 	if err != nil && !errors.Is(err, idem.ErrInProgress) && bctx.Err() != nil && errors.Is(err, bctx.Err()) {
@@ -286,15 +341,30 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		// server): as for any wait that ran out, retry later.
 		err = fmt.Errorf("%w: %w", idem.ErrInProgress, err)
 	}
-	if err != nil {
-		g.answer(w, req, next, Response{}, err, logKey{g, scope, key})
+	if err != nil || t.Replayed() {
+		var resp Response
+		if err == nil {
+			resp, err = t.Result()
+		}
+		g.answer(w, req, next, resp, err, scope, lk)
 		return
 	}
-	if t.Replayed() {
-		resp, err := t.Result()
-		g.answer(w, req, next, resp, err, logKey{g, scope, key})
+	// Counted only for a key this request claimed, so that replays and
+	// the duplicates waiting on a key never spend the scope's quota, and
+	// a scope over it still gets its known keys' replays. The key claimed
+	// over the quota is let go, and anything waiting on it hears so.
+	quota, withinQuota := g.quota.Reserve(scope)
+	if !withinQuota {
+		_, err = t.Finish(Response{}, errOverQuota)
+		g.answer(w, req, next, Response{}, err, scope, lk)
 		return
 	}
+	kept := false
+	defer func() {
+		if !kept { // released, or the handler ended its goroutine: it holds nothing
+			quota.Cancel()
+		}
+	}()
 	before := w.Header().Clone() // to undo what a handler that panics set
 	rec := newRecorder(w, g.headers, g.opts.MaxStoredBody)
 	_, err = t.Do(func(ctx context.Context) (Response, error) {
@@ -305,7 +375,8 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 		return resp, nil
 	})
-	g.afterRun(w, req, before, rec.resp.Status != 0, err, logKey{g, scope, key})
+	kept = err == nil
+	g.afterRun(w, req, before, rec.resp.Status != 0, err, lk)
 }
 
 // afterRun finishes a request whose handler ran here and has written its
@@ -341,7 +412,7 @@ func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Hea
 
 // answer responds to a request whose handler did not run here: a replay, or
 // why there is none.
-func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error, lk logKey) {
+func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error, scope string, lk logKey) {
 	var ns *notStored
 	var pe *idem.PanicError
 	switch {
@@ -353,6 +424,10 @@ func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 		g.fail(w, req, http.StatusConflict, "The request with this Idempotency-Key ended with a response that was not kept (streamed, or written after it); retry with the same key.", g.opts.RetryAfter, err)
 	case errors.As(err, &pe):
 		g.fail(w, req, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0, err)
+	case errors.Is(err, errOverQuota):
+		// A client can cause this at will: Debug, never a log flood.
+		g.opts.Logger.Debug("idemhttp: scope over its quota; request refused", lk.with()...)
+		g.fail(w, req, http.StatusTooManyRequests, "This client has made as many new requests as it may for now; retry later with the same key.", g.quota.RetryAfter(scope), err)
 	case errors.Is(err, idem.ErrPayloadMismatch):
 		g.fail(w, req, http.StatusUnprocessableEntity, "This Idempotency-Key was used with a different request.", 0, err)
 	case errors.Is(err, idem.ErrInProgress):
@@ -379,10 +454,23 @@ func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 // first when retryAfter is positive.
 func (g *Guard) fail(w http.ResponseWriter, r *http.Request, status int, detail string, retryAfter time.Duration, cause error) {
 	if retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(time.Second, retryAfter+time.Second-1)/time.Second)))
+		w.Header().Set("Retry-After", strconv.FormatInt(seconds(retryAfter), 10))
 	}
 	g.opts.WriteError(w, r, Problem{Status: status, Detail: detail, Err: cause})
 }
+
+// seconds is d in whole seconds, rounded up, at least 1 (d > 0), without
+// overflowing for the longest d.
+func seconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return max(s, 1)
+}
+
+// errOverQuota releases a key claimed by a scope over its quota.
+var errOverQuota = errors.New("idemhttp: the scope has made as many new keys as its quota allows")
 
 // errEmptyScope is the cause of the 500 for a Scope that returned "".
 var errEmptyScope = errors.New("idemhttp: Options.Scope returned an empty scope")
@@ -402,7 +490,9 @@ func isClaimFailure(err error) bool {
 // "10:acct-alice:curl-key-1"). One that idem would not accept, being too
 // long or holding control characters, is "sha256:" and the hex of its
 // SHA-256. Operators use it to find a request's record (idem show -scope).
-// Without Options.Scope the store key is the Idempotency-Key itself.
+// Without Options.Scope the scope is empty ("0::key"): Scope never gives
+// an empty scope, so a key sent to an unscoped route, whatever its shape,
+// never names a scoped route's record.
 func StoreKey(scope, key string) string {
 	k := strconv.Itoa(len(scope)) + ":" + scope + ":" + key
 	if idem.CheckKey(k) == nil {

@@ -105,7 +105,7 @@ func TestConcurrentRequestsOneKey(t *testing.T) {
 				<-release
 				h.ServeHTTP(w, r)
 			})
-			g.next = idemhttp.Middleware(newStore(t, idem.Options{}), idemhttp.Options{Wait: tc.wait})(slow)
+			g.next = idemhttp.Middleware(newStore(t, idem.Options{}), idemhttp.Options{Wait: tc.wait, MaxWaiters: -1})(slow)
 			srv := httptest.NewServer(g)
 			defer srv.Close()
 			client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: requests}}
@@ -347,7 +347,7 @@ func TestWaitersOnAResponseKeptWithoutBody(t *testing.T) {
 	var once sync.Once
 	var runs atomic.Int32
 	g := &gate{}
-	g.next = idemhttp.Middleware(newStore(t, idem.Options{}), idemhttp.Options{Wait: time.Minute, MaxStoredBody: 1024})(
+	g.next = idemhttp.Middleware(newStore(t, idem.Options{}), idemhttp.Options{Wait: time.Minute, MaxStoredBody: 1024, MaxWaiters: -1})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			once.Do(func() { close(started) })

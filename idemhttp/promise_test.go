@@ -97,7 +97,7 @@ func TestUnrecordedOutcomeIsReplayedAndSettledLater(t *testing.T) {
 	down.Store(false)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		rec, ok, err := mem.Get(context.Background(), "k", time.Now())
+		rec, ok, err := mem.Get(context.Background(), idemhttp.StoreKey("", "k"), time.Now())
 		require.NoError(t, err)
 		if ok && rec.State.String() == "completed" {
 			break
@@ -233,7 +233,7 @@ func TestFullStoreRefusalIsQuiet(t *testing.T) {
 	var once sync.Once
 	h := &charges{}
 	log := &levels{}
-	srv := httptest.NewServer(idemhttp.Middleware(newStore(t, idem.Options{MaxKeys: 1}), idemhttp.Options{Logger: slog.New(log)})(
+	srv := httptest.NewServer(idemhttp.Middleware(newStore(t, idem.Options{MaxKeys: 1}), idemhttp.Options{Unscoped: true, Logger: slog.New(log)})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			once.Do(func() { close(started) })
 			<-release

@@ -3,8 +3,11 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -31,10 +34,27 @@ const BusyTimeout = 10 * time.Second
 //     begins, so two transactions that read and then write cannot both
 //     hold a snapshot and fail to upgrade (SQLITE_BUSY without waiting).
 //
+// path is a file's name, not a DSN nor a "file:" URI: every character of
+// it, '?', '#' and '%' included, is part of the name. ":memory:" is an
+// in-memory database (which New refuses: each pooled connection would get
+// its own), and creates no file; an empty path is an error.
+//
+// A file that Open creates is readable and writable by its owner only
+// (0600), whatever the umask, as package bolt's are; SQLite gives the
+// -wal, -shm and journal files the database file's permissions. A file
+// that already exists keeps the permissions it has (an operator chose
+// them), and so do its -wal and -shm: Open never changes a mode.
+//
 // The caller closes the *sql.DB after the Stores that use it. To bring
 // another driver, open the database with the same settings in its DSN and
 // pass it to New.
 func Open(path string) (*sql.DB, error) {
+	if path == "" {
+		return nil, errors.New("sqlite: Open with an empty path: name a file")
+	}
+	if err := create(path); err != nil {
+		return nil, fmt.Errorf("sqlite: creating %s: %w", path, err)
+	}
 	q := url.Values{}
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
@@ -52,6 +72,31 @@ func Open(path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// create makes the database file at path, empty and 0600, unless something
+// is there already. SQLite would make it 0644 less the umask, and the -wal
+// and -shm after it, since its unix VFS gives those the database file's
+// mode (and fchmods them to it, whatever the umask).
+//
+// O_EXCL: an existing file is never opened, so its mode stays, and so does
+// every lock this process holds on it (closing any descriptor of a file
+// drops the process's POSIX locks on it). An empty file is a valid, empty
+// database, so one left behind by a later failure, or that another process
+// opens at once, is harmless. A dangling symlink at path is "there
+// already": SQLite then creates its target, with its own default mode.
+func create(path string) error {
+	if path == ":memory:" {
+		return nil // SQLite's name for a database without a file
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // setWAL puts the database in WAL mode, which the file then keeps. Not in

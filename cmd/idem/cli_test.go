@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -76,24 +77,27 @@ func TestForgetOfAKeyThatIsNotThere(t *testing.T) {
 	assert.Contains(t, errs, "idem inspect "+path)
 }
 
-// An HTTP key is found by its scope and Idempotency-Key.
+// An HTTP key is found by its scope and Idempotency-Key; an unscoped
+// route's, with an empty -scope.
 func TestScopeFindsAnHTTPKey(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "http.db")
-	b, err := bolt.Open(path, nil)
-	require.NoError(t, err)
-	ctx := context.Background()
-	rec := backend.Record{Key: idemhttp.StoreKey("acct-alice", "curl-key-1"), Token: "t", State: backend.StatePending}
-	_, _, err = b.Claim(ctx, rec, now, time.Hour)
-	require.NoError(t, err)
-	rec.Value = []byte(`{"status":201}`)
-	require.NoError(t, b.Complete(ctx, rec, now, time.Hour))
-	require.NoError(t, b.Close())
+	for _, scope := range []string{"acct-alice", ""} {
+		path := filepath.Join(t.TempDir(), "http.db")
+		b, err := bolt.Open(path, nil)
+		require.NoError(t, err)
+		ctx := context.Background()
+		rec := backend.Record{Key: idemhttp.StoreKey(scope, "curl-key-1"), Token: "t", State: backend.StatePending}
+		_, _, err = b.Claim(ctx, rec, now, time.Hour)
+		require.NoError(t, err)
+		rec.Value = []byte(`{"status":201}`)
+		require.NoError(t, b.Complete(ctx, rec, now, time.Hour))
+		require.NoError(t, b.Close())
 
-	code, _, _ := runCmd("show", path, "curl-key-1")
-	assert.Equal(t, 3, code, "the bare Idempotency-Key is not the store key")
-	code, out, errs := runCmd("show", path, "curl-key-1", "-scope", "acct-alice")
-	require.Equal(t, 0, code, errs)
-	assert.Contains(t, out, `"10:acct-alice:curl-key-1"`)
+		code, _, _ := runCmd("show", path, "curl-key-1")
+		assert.Equal(t, 3, code, "the bare Idempotency-Key is not the store key")
+		code, out, errs := runCmd("show", path, "curl-key-1", "-scope", scope)
+		require.Equal(t, 0, code, errs)
+		assert.Contains(t, out, strconv.Quote(idemhttp.StoreKey(scope, "curl-key-1")))
+	}
 }
 
 // inspect and show open a bolt file read-only: an empty file is refused and

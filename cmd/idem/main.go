@@ -46,8 +46,9 @@ before or after the command and its arguments; after -- every argument is
 taken as it is (for a key that starts with "-"):
   -name NAME    the PostgreSQL or SQLite table or Redis key prefix, if not
                 the default (idem_keys; no prefix)
-  -scope S      KEY is an Idempotency-Key that idemhttp stored for the client
-                scope S (its store key is idemhttp.StoreKey(S, KEY))
+  -scope S      KEY is an Idempotency-Key that idemhttp or idemgrpc stored for
+                the client scope S (its store key is idemhttp.StoreKey(S, KEY));
+                -scope '' for a route without a Scope
   -state S      inspect only the keys in state S: pending, interrupted, completed
   -json         inspect and show print JSON
   -timeout D    bound on the whole command, network calls included (default 30s)
@@ -74,6 +75,7 @@ func main() {
 // settings are the flags of one invocation.
 type settings struct {
 	name, scope, state string
+	scoped             bool // -scope was given, even as "": an idemhttp or idemgrpc key
 	json               bool
 	timeout            time.Duration
 	outcome            *resolution // resolve only
@@ -154,7 +156,8 @@ func run(args []string, stdout, stderr io.Writer, now time.Time) int {
 	where, key := pos[1], ""
 	if want == 2 {
 		key = pos[2]
-		if set.scope != "" {
+		flags.Visit(func(f *flag.Flag) { set.scoped = set.scoped || f.Name == "scope" })
+		if set.scoped {
 			key = idemhttp.StoreKey(set.scope, key)
 		}
 		if err := idem.CheckKey(key); err != nil {

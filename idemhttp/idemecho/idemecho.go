@@ -27,7 +27,7 @@ type Options struct {
 	// Scope returns the client a request acts for, such as the account an
 	// earlier auth middleware stored with c.Set, and the key is joined to
 	// it (see idemhttp.Options.Scope). Nil means one scope for every
-	// request.
+	// request: declare it with HTTP.Unscoped, or the middleware warns once.
 	Scope func(c echo.Context) (string, error)
 
 	// HTTP holds every other setting, as idemhttp.Options documents them;

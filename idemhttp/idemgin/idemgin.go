@@ -37,7 +37,8 @@ import (
 type Options struct {
 	// Scope returns the client a request acts for, such as the account an
 	// earlier auth handler stored with c.Set, and the key is joined to it
-	// (see idemhttp.Options.Scope). Nil means one scope for every request.
+	// (see idemhttp.Options.Scope). Nil means one scope for every request:
+	// declare it with HTTP.Unscoped, or the middleware warns once.
 	Scope func(c *gin.Context) (string, error)
 
 	// HTTP holds every other setting, as idemhttp.Options documents them;

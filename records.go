@@ -14,6 +14,9 @@ import (
 // its Backend does not implement backend.Lister.
 var ErrNotListable = errors.New("idem: the store's Backend cannot list its records")
 
+// errListingStopped ends a listing whose consumer stopped iterating.
+var errListingStopped = errors.New("idem: listing stopped")
+
 // Records returns the records the Backend holds in the given states (in
 // every state if none is given), interrupted ones first, each as the
 // backend's clock sees it: a pending record whose lease lapsed is
@@ -22,8 +25,12 @@ var ErrNotListable = errors.New("idem: the store's Backend cannot list its recor
 // Forget them. Iteration stops at the first error, which is yielded with
 // a zero Record.
 //
-// It reads the whole backend's records into memory, then asks the backend
-// about each pending one: an operator's tool, not a request path.
+// It streams: records come as the backend reads them, in pages (see
+// backend.Lister), with memory flat however many there are, and the loop
+// body may call the store (Resolve, Forget) on each. Interrupted records
+// first costs a second pass over the backend when both they and others
+// are asked for. A listing is not a snapshot: a record that changes state
+// between the passes may come twice or not at all.
 func (s *Store[R]) Records(ctx context.Context, states ...backend.RecordState) iter.Seq2[backend.Record, error] {
 	return func(yield func(backend.Record, error) bool) {
 		lister, ok := s.opts.Backend.(backend.Lister)
@@ -36,32 +43,33 @@ func (s *Store[R]) Records(ctx context.Context, states ...backend.RecordState) i
 			return
 		}
 		want := func(st backend.RecordState) bool { return len(states) == 0 || slices.Contains(states, st) }
-		// Each runs inside the backend's read (bbolt's read transaction,
-		// a result set): no call goes back to the backend from inside it.
-		var all []backend.Record
-		if err := lister.Each(ctx, func(rec backend.Record) error {
-			all = append(all, rec)
-			return nil
-		}); err != nil {
-			yield(backend.Record{}, &BackendError{Op: "list", Err: err})
-			return
+		passes := []func(backend.RecordState) bool{
+			func(st backend.RecordState) bool { return st == backend.StateInterrupted && want(st) },
+			func(st backend.RecordState) bool { return st != backend.StateInterrupted && want(st) },
 		}
-		var later []backend.Record // the others, after the interrupted ones
-		for _, rec := range all {
-			seen, ok, err := s.seen(ctx, lister, rec)
+		if !want(backend.StateInterrupted) {
+			passes = passes[1:]
+		} else if len(states) > 0 && !slices.ContainsFunc(states, func(st backend.RecordState) bool { return st != backend.StateInterrupted }) {
+			passes = passes[:1]
+		}
+		for _, keep := range passes {
+			err := lister.Each(ctx, func(rec backend.Record) error {
+				seen, ok, err := s.seen(ctx, lister, rec)
+				switch {
+				case err != nil:
+					return err
+				case !ok || !keep(seen.State):
+					return nil
+				case !yield(seen, nil):
+					return errListingStopped
+				}
+				return nil
+			})
 			switch {
+			case errors.Is(err, errListingStopped):
+				return
 			case err != nil:
 				yield(backend.Record{}, &BackendError{Op: "list", Err: err})
-				return
-			case !ok || !want(seen.State):
-			case seen.State != backend.StateInterrupted:
-				later = append(later, seen)
-			case !yield(seen, nil):
-				return
-			}
-		}
-		for _, rec := range later {
-			if !yield(rec, nil) {
 				return
 			}
 		}

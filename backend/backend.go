@@ -213,8 +213,14 @@ type Lister interface {
 	// Each calls fn with every record the backend holds, in no set order,
 	// and stops with fn's first error. Records come as stored: a pending
 	// record may have a lapsed lease, which Get would report as
-	// interrupted; an expired record may come until it is swept. fn must
-	// not call the backend: Each may hold a read open (bbolt deadlocks on
-	// a nested one).
+	// interrupted; an expired record may come until it is swept.
+	//
+	// Each reads in pages of bounded size, each in a short read of its
+	// own (a read transaction, a query, a SCAN call), and calls fn with a
+	// page's records after that read has ended: fn may call the backend,
+	// memory stays flat however many records there are, and a long
+	// listing never holds a read open. So a listing is not a snapshot: a
+	// record written or deleted while Each runs may come or not, but one
+	// present throughout comes at least once.
 	Each(ctx context.Context, fn func(Record) error) error
 }

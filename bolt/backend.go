@@ -24,6 +24,7 @@ import (
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/paging"
 	bbolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -557,21 +558,33 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 	return n, err
 }
 
-// Each calls fn for every record, in key order, in one read transaction,
-// stopping at fn's first error. It is for inspection: fn must not call b.
+// Each calls fn for every record, in key order, stopping at fn's first
+// error. It reads a page of records in each read transaction and calls fn
+// after that transaction ends, so fn may call b, and a long listing holds
+// no transaction open (one that did would keep the file from growing).
 func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
-	return b.read(ctx, func(tx *bbolt.Tx) error {
-		return tx.Bucket(bucketRecords).ForEach(func(k, v []byte) error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
+	return paging.Each(ctx, b.page, fn)
+}
+
+// page reads up to limit records with keys after after, in key order.
+func (b *Backend) page(ctx context.Context, after string, limit int) ([]backend.Record, error) {
+	var page []backend.Record
+	err := b.read(ctx, func(tx *bbolt.Tx) error {
+		c := tx.Bucket(bucketRecords).Cursor()
+		k, v := c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+		for ; k != nil && len(page) < limit; k, v = c.Next() {
 			rec, err := decode(k, v)
 			if err != nil {
 				return err
 			}
-			return fn(b.seen(rec))
-		})
+			page = append(page, b.seen(rec))
+		}
+		return nil
 	})
+	return page, err
 }
 
 // expiryKey is rec's key in the expiry index, pendingKey its key in the

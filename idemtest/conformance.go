@@ -51,6 +51,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"SweepLimitNotPositive", testSweepLimitNotPositive},
 		{"GetAndForget", testGetAndForget},
 		{"RecordsRoundTrip", testRecordsRoundTrip},
+		{"EachPagesAndAllowsCalls", testEachPagesAndAllowsCalls},
 		{"ManyKeysConcurrently", testManyKeysConcurrently},
 		{"RepeatedWritesAfterLostReplies", testRepeatedWrites},
 		{"CancelledContextWritesNothing", testCancelledContext},

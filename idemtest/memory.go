@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -251,27 +250,44 @@ func (m *MemoryBackend) Resume(ctx context.Context, key, old, token string, now 
 
 var _ backend.Stepper = (*MemoryBackend)(nil)
 
-// Each calls fn with every record, as stored, in key order.
+// eachPage is how many records Each copies under one hold of the lock.
+const eachPage = 256
+
+// Each calls fn with every record, as stored, in key order, in pages of
+// eachPage records copied under the lock and handed to fn after it is
+// released, so fn may call the backend.
 func (m *MemoryBackend) Each(ctx context.Context, fn func(backend.Record) error) error {
-	if err := m.refuse(ctx); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	recs := make([]backend.Record, 0, len(m.records))
-	for _, rec := range m.records {
-		recs = append(recs, clone(rec))
-	}
-	m.mu.Unlock()
-	slices.SortFunc(recs, func(a, b backend.Record) int { return strings.Compare(a.Key, b.Key) })
-	for _, rec := range recs {
-		if err := ctx.Err(); err != nil {
+	after, first := "", true
+	for {
+		if err := m.refuse(ctx); err != nil {
 			return err
 		}
-		if err := fn(rec); err != nil {
-			return err
+		m.mu.Lock()
+		var keys []string
+		for key := range m.records {
+			if first || key > after {
+				keys = append(keys, key)
+			}
 		}
+		slices.Sort(keys)
+		page := make([]backend.Record, 0, eachPage)
+		for _, key := range keys[:min(len(keys), eachPage)] {
+			page = append(page, clone(m.records[key]))
+		}
+		m.mu.Unlock()
+		for _, rec := range page {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := fn(rec); err != nil {
+				return err
+			}
+		}
+		if len(page) < eachPage {
+			return nil
+		}
+		after, first = page[len(page)-1].Key, false
 	}
-	return nil
 }
 
 var _ backend.Lister = (*MemoryBackend)(nil)

@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/paging"
 )
 
 // Schema is the SQL that creates the default table, idem_keys: the file
@@ -130,8 +131,8 @@ CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE sta
 
 // queries are the statements, written once for the table's name.
 type queries struct {
-	claim, takeOver, complete, completeTx, release, renew, get, forget, exists, sweep, all string
-	lockSteps, setSteps, resume                                                            string
+	claim, takeOver, complete, completeTx, release, renew, get, forget, exists, sweep, page string
+	lockSteps, setSteps, resume                                                             string
 }
 
 const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg, steps`
@@ -153,9 +154,10 @@ const (
 )
 
 // after is the SQL for the instant that many microseconds (parameter p)
-// after the server's now, or NULL for a non-positive duration: no lease.
+// after the server's now, or NULL for zero: no lease. A negative p is the
+// server's now itself: a lease that has lapsed already.
 func after(p string) string {
-	return `CASE WHEN ` + p + `::bigint > 0 THEN ` + serverNow + ` + ` + p + `::bigint * interval '1 microsecond' END`
+	return `CASE WHEN ` + p + `::bigint > 0 THEN ` + serverNow + ` + ` + p + `::bigint * interval '1 microsecond' WHEN ` + p + `::bigint < 0 THEN ` + serverNow + ` END`
 }
 
 func newQueries(t string) queries {
@@ -191,8 +193,8 @@ RETURNING txid_current()`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state <> 2`,
 		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + $3::bigint * interval '1 microsecond'
 WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `)`,
-		get: `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND ` + live,
-		all: `SELECT ` + seenColumns + ` FROM ` + t + ` ORDER BY key`,
+		get:  `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND ` + live,
+		page: `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key > $1 ORDER BY key LIMIT $2`,
 		forget: `DELETE FROM ` + t + ` WHERE key = $1
     AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `))`,
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE key = $1)`,
@@ -238,6 +240,9 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		// Nothing sent: a refusal (backend.ErrRefused), which the Store
 		// need not read back.
 		return backend.Record{}, false, backend.Refuse(err)
+	}
+	if ctx.Value(inTx{}) == b && b.pool.Config().MaxConns <= 1 {
+		return backend.Record{}, false, backend.Refuse(errNested)
 	}
 	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease)}
 	for {
@@ -360,20 +365,26 @@ func scanNext(rows pgx.Rows, extra ...any) (backend.Record, bool, error) {
 }
 
 // Each calls fn for every record, in key order, stopping at fn's first
-// error. It is for inspection (cmd/idem): it reads the whole table.
+// error. It reads a page of records per query, by key from where the last
+// ended, and calls fn once the page's rows are closed: fn may use the
+// pool, however small, and a listing of millions holds no snapshot open.
 func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
-	rows, err := b.pool.Query(ctx, b.q.all)
+	return paging.Each(ctx, b.page, fn)
+}
+
+// page reads up to limit records with keys after after, in key order.
+func (b *Backend) page(ctx context.Context, after string, limit int) ([]backend.Record, error) {
+	rows, err := b.pool.Query(ctx, b.q.page, after, limit)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
+	var page []backend.Record
 	for {
 		rec, ok, err := scanNext(rows)
 		if err != nil || !ok {
-			return err
+			return page, err
 		}
-		if err := fn(rec); err != nil {
-			return err
-		}
+		page = append(page, rec)
 	}
 }

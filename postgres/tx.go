@@ -49,11 +49,26 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		return zero, fmt.Errorf("postgres: RunOnceTx needs a store whose Backend is a *postgres.Backend, not %T", opts.Backend)
 	case fn == nil:
 		return zero, errors.New("postgres: RunOnceTx with a nil fn")
+	case ctx != nil && ctx.Value(inTx{}) == b:
+		// Before the key is claimed in memory: a nested call must not wait
+		// on itself, nor on a second connection a pool of one never has.
+		return zero, backend.Refuse(errNested)
 	}
 	return txrun.Run(ctx, store, key, payload, func(ctx context.Context, fp idem.Fingerprint) (R, error, bool) {
 		return runOnceTx(ctx, store, b, key, fp, fn)
 	})
 }
+
+// errNested is returned by RunOnceTx called with the ctx of another
+// RunOnceTx's fn on the same Backend, and by the Backend's calls made so
+// when its pool has one connection: fn's transaction holds a connection
+// until fn returns, and the nested call would wait for another (for ever,
+// on a pool of one).
+var errNested = errors.New("postgres: called from inside RunOnceTx's fn, whose transaction holds a connection: use its pgx.Tx")
+
+// inTx is the context key that marks the context of an fn running in a
+// transaction of the Backend it holds.
+type inTx struct{}
 
 // runOnceTx claims key in a transaction of its own and, if it won the
 // claim, runs fn in it; otherwise it answers from the record that stands
@@ -68,10 +83,14 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
 
-	// No lease: the claim is never seen outside this transaction, and it
-	// commits with its outcome or not at all.
+	// The claim's lease has lapsed already (lease -1: lease_until is the
+	// claim's own instant): the claim is never seen outside this
+	// transaction, which commits it with its outcome or not at all; were it
+	// ever committed without one (fn ran COMMIT), it would read as
+	// interrupted, which Forget and Resolve settle, not as a claim that
+	// holds for ever.
 	claim := backend.Record{Key: key, Fingerprint: fp, Token: txrun.Token(), State: backend.StatePending}
-	args := []any{key, fp[:], claim.Token, 0}
+	args := []any{key, fp[:], claim.Token, -1}
 	rec, won, err := claimTx(ctx, tx, b, key, args)
 	switch {
 	case err != nil:
@@ -138,7 +157,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 	}
 	// A panic in fn goes up to Ticket.Do, which reports it; the deferred
 	// rollback takes the key and fn's writes away, as for an error.
-	val, err = fn(ctx, savepoint)
+	val, err = fn(context.WithValue(ctx, inTx{}, b), savepoint)
 	if err != nil && !idem.IsFinal(err) {
 		return val, err
 	}

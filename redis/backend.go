@@ -527,7 +527,7 @@ func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error
 }
 
 func (b *Backend) each(ctx context.Context, node redis.Cmdable, fn func(backend.Record) error) error {
-	iter := node.Scan(ctx, 0, b.prefix+"k:*", 1000).Iterator()
+	iter := node.Scan(ctx, 0, globEscape(b.prefix+"k:")+"*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := strings.TrimPrefix(iter.Val(), b.prefix+"k:")
 		rec, ok, err := b.Get(ctx, key, time.Time{})
@@ -541,4 +541,19 @@ func (b *Backend) each(ctx context.Context, node redis.Cmdable, fn func(backend.
 		}
 	}
 	return iter.Err()
+}
+
+// globEscape quotes the characters SCAN's MATCH reads as a pattern, so a
+// prefix such as "app[1]:" or "a*:" matches itself only: unquoted, the
+// listing of one prefix would take in another's keys.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\', '^', '-':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

@@ -32,6 +32,7 @@ import (
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/paging"
 )
 
 // Schema is the SQL that creates the default table, idem_keys: the file
@@ -192,7 +193,7 @@ WHERE key = ?1 AND token = ?2 AND state <> 2`,
 		renew: `UPDATE ` + t + ` SET lease_until = ?3
 WHERE key = ?1 AND token = ?2 AND state = 1 AND (lease_until IS NULL OR lease_until > ?4)`,
 		get:  `SELECT ` + columns + ` FROM ` + t + ` WHERE key = ?1`,
-		each: `SELECT ` + columns + ` FROM ` + t + ` ORDER BY key`,
+		each: `SELECT ` + columns + ` FROM ` + t + ` WHERE key > ?1 ORDER BY key LIMIT ?2`,
 		// Both under the write lock, after a read of the record in the
 		// same transaction; the WHERE clause compares the token again.
 		setSteps: `UPDATE ` + t + ` SET steps = ?3 WHERE key = ?1 AND token = ?2 AND state = 1 AND (lease_until IS NULL OR lease_until > ?4)`,
@@ -331,23 +332,30 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 }
 
 // Each calls fn for every record, in key order, stopping at fn's first
-// error. It is for inspection (cmd/idem): it reads the whole table.
+// error. It reads a page of records per query, by key from where the last
+// ended, and calls fn once the page's rows are closed: fn may call b, and a
+// long listing keeps no read open (one that did would keep the WAL from
+// being checkpointed back to its start).
 func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
-	rows, err := b.query(ctx, nil, b.q.each)
+	return paging.Each(ctx, b.page, fn)
+}
+
+// page reads up to limit records with keys after after, in key order.
+func (b *Backend) page(ctx context.Context, after string, limit int) ([]backend.Record, error) {
+	rows, err := b.query(ctx, nil, b.q.each, after, limit)
 	if err != nil {
-		return closedErr(err)
+		return nil, closedErr(err)
 	}
 	defer rows.Close()
+	var page []backend.Record
 	for rows.Next() {
 		rec, err := scan(rows)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := fn(rec); err != nil {
-			return err
-		}
+		page = append(page, rec)
 	}
-	return closedErr(rows.Err())
+	return page, closedErr(rows.Err())
 }
 
 // scanOne reads the one record that rows, a query's result, may hold, and

@@ -25,7 +25,8 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 			return fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
 		}
 		steps := backend.AppendSteps(nil, rec.WithStep(step).Steps)
-		return b.execIn(ctx, tx, b.q.setSteps, key, token, steps, now.UnixNano())
+		_, err = b.execIn(ctx, tx, b.q.setSteps, key, token, steps, now.UnixNano())
+		return err
 	})
 }
 

@@ -144,7 +144,13 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 	if eerr := txrun.Of(store).Encode(&done, val, err); eerr != nil {
 		return val, txrun.Unrecorded(err, eerr)
 	}
-	if cerr := b.execIn(ctx, tx, b.q.complete, done.Key, done.Token, opts.Now().Add(opts.TTL).UnixNano(), done.Value, done.Failed, done.ErrMsg); cerr != nil {
+	// One row, or fn took the claim away (deleted or rewrote its row):
+	// committing then would keep fn's writes without the key.
+	n, cerr := b.execIn(ctx, tx, b.q.complete, done.Key, done.Token, opts.Now().Add(opts.TTL).UnixNano(), done.Value, done.Failed, done.ErrMsg)
+	if cerr == nil && n != 1 {
+		cerr = errClaimGone
+	}
+	if cerr != nil {
 		return val, txrun.Unrecorded(err, cerr)
 	}
 	guard.allow.Store(true)
@@ -153,6 +159,10 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 	}
 	return val, err
 }
+
+// errClaimGone is returned when fn deleted or rewrote the claim's row: the
+// transaction rolls back, fn's writes with it.
+var errClaimGone = errors.New("sqlite: RunOnceTx's claim row was changed or deleted inside fn, so nothing was committed")
 
 // claimErr is the error of a claim that failed: a database locked for
 // longer than the busy timeout is held by a transaction in another

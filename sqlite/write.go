@@ -42,13 +42,19 @@ func (b *Backend) query(ctx context.Context, tx *sql.Tx, query string, args ...a
 	return st.QueryContext(ctx, args...)
 }
 
-// execIn runs a prepared writing statement in tx.
-func (b *Backend) execIn(ctx context.Context, tx *sql.Tx, query string, args ...any) error {
+// execIn runs a prepared writing statement in tx and returns how many rows
+// it changed.
+func (b *Backend) execIn(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
 	st, err := b.prepared(ctx, query)
-	if err == nil {
-		_, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	if err != nil {
+		return 0, closedErr(err)
 	}
-	return closedErr(err)
+	res, err := tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	if err != nil {
+		return 0, closedErr(err)
+	}
+	n, err := res.RowsAffected()
+	return n, closedErr(err)
 }
 
 // errNested is returned by a Backend's writes called, with fn's ctx, from

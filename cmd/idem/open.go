@@ -103,10 +103,7 @@ func openSQLite(ctx context.Context, path, name string, readOnly bool) (target, 
 	var db *sql.DB
 	var err error
 	if readOnly {
-		q := url.Values{}
-		q.Set("mode", "ro")
-		q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", sqlite.BusyTimeout.Milliseconds()))
-		db, err = sql.Open("sqlite", (&url.URL{Scheme: "file", Opaque: path, RawQuery: q.Encode()}).String())
+		db, err = sqlite.OpenReadOnly(ctx, path)
 	} else {
 		db, err = sqlite.Open(path)
 	}

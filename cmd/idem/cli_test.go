@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,7 +46,11 @@ func TestMisuseSaysWhy(t *testing.T) {
 		code, _, errs := runCmd(tc.args...)
 		assert.Equal(t, 2, code, "%v", tc.args)
 		assert.Contains(t, errs, tc.why, "%v", tc.args)
-		assert.Contains(t, errs, "usage:")
+		// The reason and where help is, two lines; not the whole usage,
+		// which buried the reason.
+		assert.Equal(t, 2, strings.Count(errs, "\n"), "%v: %s", tc.args, errs)
+		assert.Contains(t, errs, "Run 'idem help' for usage.")
+		assert.NotContains(t, errs, "usage:")
 	}
 }
 

@@ -181,14 +181,14 @@ func run(args []string, stdout, stderr io.Writer, now time.Time) int {
 	return exitFailed
 }
 
-// misuse reports a command line that cannot be carried out, with the
-// reason and the usage.
+// misuse reports a command line that cannot be carried out: the reason on
+// one line, and where the usage is (the whole text would bury the reason).
 func misuse(stderr io.Writer, cmd, reason string) int {
 	prefix := "idem"
 	if cmd != "" {
 		prefix += " " + cmd
 	}
-	fmt.Fprintf(stderr, "%s: %s\n\n%s", prefix, reason, usage)
+	fmt.Fprintf(stderr, "%s: %s\nRun 'idem help' for usage.\n", prefix, reason)
 	return exitMisuse
 }
 
@@ -199,7 +199,7 @@ func command(ctx context.Context, cmd, where, key string, set settings, w io.Wri
 		return err
 	}
 	defer closeTarget()
-	t := &tool{b: b, where: where, name: set.name, w: w, now: now, json: set.json}
+	t := &tool{b: b, where: where, name: set.name, w: w, now: now, json: set.json, scoped: set.scoped}
 	switch cmd {
 	case "inspect":
 		err = t.inspect(ctx, set.state)

@@ -85,7 +85,7 @@ func TestShowForgetSweep(t *testing.T) {
 	path := fixture(t)
 	code, out, errs := runCmd("show", path, "order-101")
 	require.Equal(t, 0, code, errs)
-	assert.Contains(t, out, `value:       "{\"amount\":450,\"charge\":1}"`)
+	assert.Contains(t, out, `value:       {"amount":450,"charge":1}`+"\n", "JSON printed as JSON, not quoted")
 	code, out, _ = runCmd("show", path, "order-102")
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, `final error: "card declined"`)
@@ -111,7 +111,7 @@ func TestShowForgetSweep(t *testing.T) {
 func TestErrors(t *testing.T) {
 	code, _, errs := runCmd()
 	assert.Equal(t, 2, code)
-	assert.Contains(t, errs, "usage:")
+	assert.Contains(t, errs, "idem help")
 	code, _, _ = runCmd("show", "file-only")
 	assert.Equal(t, 2, code)
 

@@ -86,7 +86,7 @@ func TestShowListsSteps(t *testing.T) {
 			code, out, errs := runCmd("show", tc.where, "order-101")
 			require.Equal(t, 0, code, errs)
 			assert.Contains(t, out, "steps:\n"+
-				"  1. \"create-order\" at "+first+": \"{\\\"id\\\":7}\"\n"+
+				"  1. \"create-order\" at "+first+": {\"id\":7}\n"+
 				"  2. \"charge\" at "+second+": final error \"card declined\"\n")
 			code, out, errs = runCmd("show", tc.where, "order-101", "-json")
 			require.Equal(t, 0, code, errs)

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemhttp"
 )
 
 // A tool runs the commands on one opened target.
@@ -23,6 +24,8 @@ type tool struct {
 	w     io.Writer
 	now   time.Time
 	json  bool
+	// scoped: KEY was given with -scope, as idemhttp and idemgrpc store it.
+	scoped bool
 }
 
 // next returns the command line of another command on the same target.
@@ -156,9 +159,22 @@ func (t *tool) get(ctx context.Context, key string) (backend.Record, error) {
 	case err != nil:
 		return rec, err
 	case !ok:
-		return rec, fmt.Errorf("%w: %q in %s (list the keys with: %s)", errNoKey, key, display(t.where), t.next("inspect", ""))
+		return rec, fmt.Errorf("%w: %q in %s (%s)", errNoKey, key, display(t.where), t.hint(ctx, key))
 	}
 	return rec, nil
+}
+
+// hint says where to look for a key that has no record: an Idempotency-Key
+// that idemhttp or idemgrpc stored is found only with -scope.
+func (t *tool) hint(ctx context.Context, key string) string {
+	list := "list the keys with: " + t.next("inspect", "")
+	if t.scoped {
+		return list
+	}
+	if _, ok, err := t.b.Get(ctx, idemhttp.StoreKey("", key), t.now); err == nil && ok {
+		return fmt.Sprintf("an idemhttp or idemgrpc route without a Scope stored it: %s", t.next("show", key, "-scope ''"))
+	}
+	return "an Idempotency-Key that an idemhttp or idemgrpc route stored is found with -scope and the client's scope (-scope '' for a route without a Scope); or " + list
 }
 
 func (t *tool) show(ctx context.Context, key string) error {
@@ -182,23 +198,14 @@ func (t *tool) show(ctx context.Context, key string) error {
 	if rec.Failed {
 		fmt.Fprintf(t.w, "final error: %q\n", rec.ErrMsg)
 	}
-	if v.Value != nil {
-		fmt.Fprintf(t.w, "value:       %q\n", *v.Value)
-	} else {
-		fmt.Fprintf(t.w, "value (hex): %s\n", *v.ValueHex)
-	}
+	writeValue(t.w, "value", rec.Value)
 	for i, st := range v.Steps {
 		if i == 0 {
 			fmt.Fprintln(t.w, "steps:")
 		}
-		outcome := ""
-		switch {
-		case st.FinalError != nil:
+		outcome := inline(rec.Steps[i].Value)
+		if st.FinalError != nil {
 			outcome = fmt.Sprintf("final error %q", *st.FinalError)
-		case st.Value != nil:
-			outcome = fmt.Sprintf("%q", *st.Value)
-		default:
-			outcome = "hex " + *st.ValueHex
 		}
 		fmt.Fprintf(t.w, "  %d. %q at %s: %s\n", i+1, st.Name, st.At.Format(time.RFC3339Nano), outcome)
 	}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/seed094d4201/idem/idemhttp"
+)
+
+// responseFields are the JSON fields of a stored idemhttp.Response: a
+// value whose fields are all among them, with a status, is taken for one.
+var responseFields = map[string]bool{"status": true, "header": true, "raw_header": true, "body": true, "omitted": true, "trailer": true, "raw_trailer": true}
+
+// asResponse decodes b as a stored idemhttp.Response, if it is one.
+func asResponse(b []byte) (idemhttp.Response, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(b, &fields) != nil || fields["status"] == nil {
+		return idemhttp.Response{}, false
+	}
+	for name := range fields {
+		if !responseFields[name] {
+			return idemhttp.Response{}, false
+		}
+	}
+	var r idemhttp.Response
+	if json.Unmarshal(b, &r) != nil || r.Status < 100 || r.Status > 999 {
+		return idemhttp.Response{}, false
+	}
+	return r, true
+}
+
+// writeValue prints a record's value under label: an idemhttp response as
+// its status, headers and body; JSON as JSON (indented when it does not
+// fit a line); other UTF-8 text quoted; anything else in hex.
+func writeValue(w io.Writer, label string, b []byte) {
+	if r, ok := asResponse(b); ok {
+		fmt.Fprintf(w, "%-12s idemhttp response %d\n", label+":", r.Status)
+		writeHeader(w, "header", r.Header)
+		switch {
+		case r.Omitted != "":
+			fmt.Fprintf(w, "  body:      not kept (%s)\n", r.Omitted)
+		case len(r.Body) == 0:
+			fmt.Fprintln(w, "  body:      empty")
+		default:
+			fmt.Fprintf(w, "  body:      %d bytes\n", len(r.Body))
+			writeBody(w, r.Body)
+		}
+		writeHeader(w, "trailer", r.Trailer)
+		return
+	}
+	fmt.Fprintf(w, "%-12s %s\n", label+":", inline(b))
+}
+
+// inline is b on one line: JSON as it is (compacted), other UTF-8 text
+// quoted, else hex; "none" for no bytes.
+func inline(b []byte) string {
+	switch {
+	case len(b) == 0:
+		return "none"
+	case json.Valid(b):
+		var compact bytes.Buffer
+		if json.Compact(&compact, b) == nil {
+			return compact.String()
+		}
+	case utf8.Valid(b):
+		return fmt.Sprintf("%q", b)
+	}
+	return fmt.Sprintf("hex %x", b)
+}
+
+func writeHeader(w io.Writer, what string, h map[string][]string) {
+	names := make([]string, 0, len(h))
+	for name := range h {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		for _, v := range h[name] {
+			fmt.Fprintf(w, "  %s %s: %q\n", what, name, v)
+		}
+	}
+}
+
+// writeBody prints a response body indented: JSON indented, other UTF-8
+// text as it is, anything else in hex.
+func writeBody(w io.Writer, body []byte) {
+	var out string
+	var ind bytes.Buffer
+	switch {
+	case json.Valid(body) && json.Indent(&ind, body, "    ", "  ") == nil:
+		out = ind.String()
+	case utf8.Valid(body):
+		out = strings.ReplaceAll(strings.TrimRight(string(body), "\n"), "\n", "\n    ")
+	default:
+		out = fmt.Sprintf("hex %x", body)
+	}
+	fmt.Fprintf(w, "    %s\n", out)
+}

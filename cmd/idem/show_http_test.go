@@ -54,7 +54,7 @@ func TestShowDecodesAnHTTPResponse(t *testing.T) {
 }
 
 // show without -scope on an idemhttp store says how to find the key: with
-// -scope '' when a route without Scope stored it, and with the client's
+// -scope ” when a route without Scope stored it, and with the client's
 // scope otherwise.
 func TestShowHintsAtScope(t *testing.T) {
 	path := httpStore(t, idemhttp.Options{Unscoped: true}, nil)

@@ -30,6 +30,10 @@ const BusyTimeout = 10 * time.Second
 //     than failing at once, which is what lets several processes share the
 //     file;
 //   - foreign_keys=ON, as most schemas expect;
+//   - journal_size_limit of 64 MiB: a reader held open under steady writes
+//     lets the -wal grow (no checkpoint can pass it), and SQLite's default
+//     keeps the file at its largest for ever; with the limit, the first
+//     checkpoint after the reader closes truncates it back;
 //   - _txlock=immediate: every transaction takes the write lock as it
 //     begins, so two transactions that read and then write cannot both
 //     hold a snapshot and fail to upgrade (SQLITE_BUSY without waiting).
@@ -59,6 +63,7 @@ func Open(path string) (*sql.DB, error) {
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
 	q.Add("_pragma", "foreign_keys(ON)")
+	q.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", journalSizeLimit))
 	q.Set("_txlock", "immediate")
 	db, err := sql.Open("sqlite", "file:"+uriPath.Replace(path)+"?"+q.Encode())
 	if err == nil {
@@ -123,6 +128,10 @@ func setWAL(ctx context.Context, db *sql.DB) error {
 		}
 	}
 }
+
+// journalSizeLimit is the size, in bytes, a checkpoint truncates the -wal
+// file to (a variable so that a test can bound it lower).
+var journalSizeLimit = 64 << 20
 
 // uriPath escapes what would end a path in a file: URI early, or be read
 // as an escape.

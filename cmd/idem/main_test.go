@@ -146,6 +146,14 @@ func TestResolve(t *testing.T) {
 	assert.Equal(t, 1, code, "a completed key is not resolved again")
 	assert.Contains(t, errs, "already has an outcome")
 
+	// A result of another shape than the store's (map[string]int here)
+	// would fail to decode on every later call: refused, nothing written.
+	for _, bad := range []string{`"a string"`, `[1,2]`, `{"charge":"three"}`, `{"other":true}`} {
+		code, _, errs = runCmd("resolve", path, "order-103", "-result", bad)
+		assert.Equal(t, 1, code, bad)
+		assert.Contains(t, errs, "cannot be what this store holds", bad)
+	}
+
 	code, out, errs := runCmd("resolve", path, "order-103", "-result", `{"charge":3,"amount":120}`)
 	require.Equal(t, 0, code, errs)
 	assert.Contains(t, out, `resolved "order-103"`)

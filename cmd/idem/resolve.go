@@ -49,6 +49,11 @@ func (t *tool) resolve(ctx context.Context, key string, r *resolution) error {
 		// clock decides whether the lease lapsed, not this host's.
 		return t.inFlight(ctx, rec)
 	}
+	if r.result != nil {
+		if err := t.checkShape(ctx, r.result); err != nil {
+			return err
+		}
+	}
 	done := rec
 	done.State, done.Value, done.Failed, done.ErrMsg = backend.StateCompleted, r.result, r.errMsg != "", r.errMsg
 	if done.Value == nil {

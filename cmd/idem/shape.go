@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/seed094d4201/idem/backend"
+)
+
+// kind is a JSON value's kind: object, array, string, number, bool, null.
+func kind(v any) string {
+	switch v.(type) {
+	case map[string]any:
+		return "object"
+	case []any:
+		return "array"
+	case string:
+		return "string"
+	case float64:
+		return "number"
+	case bool:
+		return "bool"
+	}
+	return "null"
+}
+
+// mismatch says how result's shape differs from sample's, a value the
+// store's Codec wrote and reads back: the kind of the whole and, for
+// objects, of each field the two share, or of every field where all of
+// sample's fields have one kind (a map). "" when nothing differs. null
+// decodes as anything's zero, so it is never a mismatch.
+func mismatch(result, sample any) string {
+	rk, sk := kind(result), kind(sample)
+	switch {
+	case rk == "null" || sk == "null":
+		return ""
+	case rk != sk:
+		return fmt.Sprintf("is a JSON %s, where the store's results are JSON %ss", rk, sk)
+	case rk != "object":
+		return ""
+	}
+	r, s := result.(map[string]any), sample.(map[string]any)
+	one := "" // the kind of every field of sample, if they share one
+	for _, v := range s {
+		switch k := kind(v); {
+		case one == "":
+			one = k
+		case one != k:
+			one = "mixed"
+		}
+	}
+	for name, v := range r {
+		if sv, ok := s[name]; ok {
+			if why := mismatch(v, sv); why != "" {
+				return fmt.Sprintf("field %q %s", name, why)
+			}
+		} else if one != "" && one != "mixed" && kind(v) != "null" && kind(v) != one {
+			return fmt.Sprintf("field %q is a JSON %s, where every field of the store's results is a JSON %s", name, kind(v), one)
+		}
+	}
+	return ""
+}
+
+// errShape is returned by checkShape for a result that the store's
+// completed records show cannot decode as what it holds.
+var errShape = errors.New("-result cannot be what this store holds")
+
+// checkShape compares the operator's result with a completed record of the
+// same store that holds a JSON value: a result of another shape would fail
+// to decode on every call for the whole TTL. It reports, as a note, when
+// there is nothing to compare with.
+func (t *tool) checkShape(ctx context.Context, result []byte) error {
+	var r any
+	if err := json.Unmarshal(result, &r); err != nil {
+		return fmt.Errorf("%w: %w", errShape, err)
+	}
+	var sample backend.Record
+	found := false
+	err := t.b.Each(ctx, func(rec backend.Record) error {
+		var v any
+		live := rec.ExpiresAt.IsZero() || rec.ExpiresAt.After(t.now) // an expired record may be another program's, from long ago
+		if live && rec.State == backend.StateCompleted && !rec.Failed && len(rec.Value) > 0 && json.Unmarshal(rec.Value, &v) == nil && v != nil {
+			sample, found = rec, true
+			return errStop
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return err
+	}
+	if !found {
+		fmt.Fprintln(t.w, "note: no completed record with a JSON result to compare -result with, so its shape was not checked")
+		return nil
+	}
+	var s any
+	_ = json.Unmarshal(sample.Value, &s)
+	if why := mismatch(r, s); why != "" {
+		return fmt.Errorf("%w: it %s (compare: %s); every later call would fail to decode it", errShape, why, t.next("show", sample.Key))
+	}
+	return nil
+}
+
+// errStop ends a listing early.
+var errStop = errors.New("stop")

@@ -25,6 +25,7 @@ package postgres
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
 	"fmt"
 	"strings"
@@ -73,15 +74,39 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backend, error
 	if name == "" {
 		name = "idem_keys"
 	}
-	table := pgx.Identifier(strings.Split(name, ".")).Sanitize()
+	parts := strings.Split(name, ".")
+	for _, part := range parts {
+		if len(part) > maxIdentifier {
+			// PostgreSQL would truncate it, silently: two names that
+			// differ past the 63rd byte would share one table.
+			return nil, fmt.Errorf("postgres: table name %q: %q is longer than PostgreSQL's %d bytes", name, part, maxIdentifier)
+		}
+	}
+	table := pgx.Identifier(parts).Sanitize()
 	b := &Backend{pool: pool, q: newQueries(table)}
 	if !opts.NoMigrate {
-		index := pgx.Identifier{strings.ReplaceAll(name, ".", "_") + "_expiry"}.Sanitize()
-		if err := migrate(ctx, pool, table, index); err != nil {
+		if err := migrate(ctx, pool, table, indexName(name)); err != nil {
 			return nil, fmt.Errorf("postgres: creating table %s: %w", table, err)
 		}
 	}
 	return b, nil
+}
+
+// maxIdentifier is the longest identifier PostgreSQL keeps (NAMEDATALEN-1);
+// it truncates longer ones.
+const maxIdentifier = 63
+
+// indexName is the expiry index's name for table name: name_expiry, or,
+// when that would be truncated (and could then be another table's index's
+// name), a prefix of it and a hash of the whole name.
+func indexName(name string) string {
+	idx := strings.ReplaceAll(name, ".", "_") + "_expiry"
+	if len(idx) <= maxIdentifier {
+		return idx
+	}
+	sum := sha256.Sum256([]byte(name))
+	suffix := fmt.Sprintf("_%x_expiry", sum[:6])
+	return idx[:maxIdentifier-len(suffix)] + suffix
 }
 
 // migrate creates the table and its index, and adds the steps column to a
@@ -90,13 +115,25 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backend, error
 // ... IF NOT EXISTS alone is not safe to run concurrently (two sessions can
 // both find the type absent and collide on the catalog's unique index). The
 // one that waits sees, with a fresh snapshot, that the table is there.
-func migrate(ctx context.Context, pool *pgxpool.Pool, table, index string) error {
+func migrate(ctx context.Context, pool *pgxpool.Pool, table, idx string) error {
+	index := pgx.Identifier{idx}.Sanitize()
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "idem migrate "+table); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, createSQL(table, index)); err != nil {
 			return err
+		}
+		// IF NOT EXISTS skips an index of that name on another table: the
+		// sweep would then scan this one whole.
+		var ours bool
+		if err := tx.QueryRow(ctx, `SELECT indrelid = $1::text::regclass FROM pg_index WHERE indexrelid = (
+    SELECT c.oid FROM pg_class c WHERE c.relname = $2 AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::text::regclass))`,
+			table, idx).Scan(&ours); err != nil {
+			return fmt.Errorf("finding its index %s: %w", index, err)
+		}
+		if !ours {
+			return fmt.Errorf("the index name %s belongs to another table", index)
 		}
 		// ALTER TABLE takes an ACCESS EXCLUSIVE lock on the table even when
 		// the column is there, which would stall every query on a busy

@@ -1,0 +1,68 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Two tables of one schema whose names differ only in their last byte
+// each get an expiry index of their own: the index is named after the
+// schema and the table, which PostgreSQL truncated at 63 bytes to one name
+// for both, and CREATE INDEX IF NOT EXISTS left the second table without
+// one (its sweeps scanned it whole).
+func TestLongTableNamesEachGetTheirIndex(t *testing.T) {
+	pool := testPool(t)
+	ctx := context.Background()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	schema := "idem_s_" + hex.EncodeToString(r[:])
+	_, err := pool.Exec(ctx, `CREATE SCHEMA `+schema)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP SCHEMA `+schema+` CASCADE`) })
+	var tables []string
+	for _, end := range []string{"a", "b"} {
+		table := schema + "." + strings.Repeat("k", 60) + end
+		_, err := New(ctx, pool, Options{Table: table})
+		require.NoError(t, err)
+		tables = append(tables, table)
+	}
+	for _, table := range tables {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_index WHERE indrelid = $1::text::regclass AND NOT indisprimary`, table).Scan(&n))
+		assert.Equal(t, 1, n, "table %s has its expiry index", table)
+	}
+	_, err = New(ctx, pool, Options{Table: tables[1]})
+	require.NoError(t, err, "again: New is idempotent")
+}
+
+// A table name PostgreSQL would truncate is refused: two such names would
+// share one table.
+func TestTableNameTooLong(t *testing.T) {
+	pool := testPool(t)
+	_, err := New(context.Background(), pool, Options{Table: strings.Repeat("t", 64)})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "longer than PostgreSQL's 63 bytes")
+}
+
+// An index of the expiry index's name on another table is found, not
+// taken for this table's.
+func TestIndexNameTakenByAnotherTable(t *testing.T) {
+	pool := testPool(t)
+	ctx := context.Background()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	table := "idem_taken_" + hex.EncodeToString(r[:])
+	other := table + "_other"
+	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+other+`, `+table) })
+	_, err := pool.Exec(ctx, `CREATE TABLE `+other+` (x int); CREATE INDEX `+table+`_expiry ON `+other+` (x)`)
+	require.NoError(t, err)
+	_, err = New(ctx, pool, Options{Table: table})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "belongs to another table")
+}

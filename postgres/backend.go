@@ -135,6 +135,19 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, table, idx string) error {
 		if !ours {
 			return fmt.Errorf("the index name %s belongs to another table", index)
 		}
+		// A table made before the storage parameters gets them, unless an
+		// operator chose its own (SET takes a SHARE UPDATE EXCLUSIVE lock,
+		// which blocks no read or write; asked first all the same).
+		var tuned bool
+		if err := tx.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ',') LIKE '%autovacuum_vacuum_scale_factor=%', false)
+    FROM pg_class WHERE oid = $1::text::regclass`, table).Scan(&tuned); err != nil {
+			return err
+		}
+		if !tuned {
+			if _, err := tx.Exec(ctx, `ALTER TABLE `+table+` SET (`+autovacuum+`)`); err != nil {
+				return err
+			}
+		}
 		// ALTER TABLE takes an ACCESS EXCLUSIVE lock on the table even when
 		// the column is there, which would stall every query on a busy
 		// table each time a replica starts: ask the catalog first.
@@ -147,6 +160,12 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, table, idx string) error {
 		return err
 	})
 }
+
+// autovacuum is the table's storage parameters: every Complete and sweep
+// leaves dead rows, and the default (vacuum at 20% of the table dead)
+// would let a table of 100M keys gather 20M of them between vacuums, each
+// vacuum then scanning it all. At 1% vacuums come often and stay short.
+const autovacuum = `autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02`
 
 // createSQL is Schema for any table and index name.
 func createSQL(table, index string) string {
@@ -162,7 +181,7 @@ func createSQL(table, index string) string {
     failed      boolean     NOT NULL DEFAULT false,
     err_msg     text        NOT NULL DEFAULT '',
     steps       bytea
-);
+) WITH (` + autovacuum + `);
 CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE state = 2;`
 }
 

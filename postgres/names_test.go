@@ -66,3 +66,38 @@ func TestIndexNameTakenByAnotherTable(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "belongs to another table")
 }
+
+// The table vacuums at 1% dead rows, not PostgreSQL's 20%: a new table is
+// made so, a table made before gets it, and an operator's own setting
+// stays.
+func TestAutovacuumSettings(t *testing.T) {
+	pool := testPool(t)
+	ctx := context.Background()
+	opts := func(table string) string {
+		var o *string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::text::regclass`, table).Scan(&o))
+		if o == nil {
+			return ""
+		}
+		return *o
+	}
+	_, fresh := testBackend(t, pool)
+	assert.Contains(t, opts(fresh), "autovacuum_vacuum_scale_factor=0.01")
+
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	old, own := "idem_old_"+hex.EncodeToString(r[:]), "idem_own_"+hex.EncodeToString(r[:])
+	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+old+`, `+own) })
+	for _, table := range []string{old, own} {
+		_, err := pool.Exec(ctx, strings.Replace(createSQL(table, table+"_expiry"), ` WITH (`+autovacuum+`)`, ``, 1))
+		require.NoError(t, err)
+	}
+	_, err := pool.Exec(ctx, `ALTER TABLE `+own+` SET (autovacuum_vacuum_scale_factor = 0.05)`)
+	require.NoError(t, err)
+	for _, table := range []string{old, own} {
+		_, err := New(ctx, pool, Options{Table: table})
+		require.NoError(t, err)
+	}
+	assert.Contains(t, opts(old), "autovacuum_vacuum_scale_factor=0.01")
+	assert.Equal(t, "autovacuum_vacuum_scale_factor=0.05", opts(own))
+}

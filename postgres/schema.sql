@@ -15,5 +15,5 @@ CREATE TABLE IF NOT EXISTS idem_keys (
     failed      boolean     NOT NULL DEFAULT false, -- completed with a final error
     err_msg     text        NOT NULL DEFAULT '',
     steps       bytea                              -- the steps the operation recorded (backend.AppendSteps)
-);
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02); -- vacuum at 1% dead, not 20%
 CREATE INDEX IF NOT EXISTS idem_keys_expiry ON idem_keys (expires_at) WHERE state = 2;

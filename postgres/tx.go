@@ -36,7 +36,12 @@ import (
 //
 // store supplies the fingerprint, codec and TTL; its Backend must be
 // a *Backend, whose table holds the key. fn must do its writes through tx,
-// and must not commit or roll it back.
+// and must not commit or roll it back: one that commits it anyway commits
+// its writes with a claim whose lease has lapsed, so the key reads as
+// interrupted (idem.ErrOutcomeUnknown until Resolve or Forget settles it),
+// never as claimed for ever. A RunOnceTx called with fn's ctx is refused
+// (backend.ErrRefused), and so is every call of the Backend made with it
+// on a pool of one connection, which fn's transaction holds.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx pgx.Tx) (R, error)) (R, error) {
 	var zero R
 	if store == nil {

@@ -115,9 +115,10 @@ func TestOpenDamagedPageSweep(t *testing.T) {
 		go func() {
 			b, err := Open(path, &Options{LockTimeout: -1, noSync: true})
 			if err == nil {
-				err = b.Each(context.Background(), func(backend.Record) error { return nil })
+				// A damaged record is the key's error, not a hang: only
+				// that the walk ends matters here.
+				_ = b.Each(context.Background(), func(backend.Record) error { return nil })
 				b.Close()
-				err = nil
 			}
 			done <- err
 		}()

@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -106,7 +107,11 @@ func indexName(name string) string {
 	}
 	sum := sha256.Sum256([]byte(name))
 	suffix := fmt.Sprintf("_%x_expiry", sum[:6])
-	return idx[:maxIdentifier-len(suffix)] + suffix
+	cut := maxIdentifier - len(suffix)
+	for cut > 0 && !utf8.RuneStart(idx[cut]) { // never half a character
+		cut--
+	}
+	return idx[:cut] + suffix
 }
 
 // migrate creates the table and its index, and adds the steps column to a
@@ -136,10 +141,10 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, table, idx string) error {
 			return fmt.Errorf("the index name %s belongs to another table", index)
 		}
 		// A table made before the storage parameters gets them, unless an
-		// operator chose its own (SET takes a SHARE UPDATE EXCLUSIVE lock,
+		// operator chose any autovacuum setting of their own (SET takes a SHARE UPDATE EXCLUSIVE lock,
 		// which blocks no read or write; asked first all the same).
 		var tuned bool
-		if err := tx.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ',') LIKE '%autovacuum_vacuum_scale_factor=%', false)
+		if err := tx.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ',') LIKE '%autovacuum_%', false)
     FROM pg_class WHERE oid = $1::text::regclass`, table).Scan(&tuned); err != nil {
 			return err
 		}
@@ -297,7 +302,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		// need not read back.
 		return backend.Record{}, false, backend.Refuse(err)
 	}
-	if ctx.Value(inTx{}) == b && b.pool.Config().MaxConns <= 1 {
+	if ctx.Value(inTx{}) == b.pool && b.pool.Config().MaxConns <= 1 {
 		return backend.Record{}, false, backend.Refuse(errNested)
 	}
 	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease)}

@@ -101,3 +101,31 @@ func TestAutovacuumSettings(t *testing.T) {
 	assert.Contains(t, opts(old), "autovacuum_vacuum_scale_factor=0.01")
 	assert.Equal(t, "autovacuum_vacuum_scale_factor=0.05", opts(own))
 }
+
+// An index name cut to 63 bytes is cut at a character's start: half a
+// character is not valid UTF-8, which PostgreSQL refuses.
+func TestIndexNameCutsWholeCharacters(t *testing.T) {
+	pool := testPool(t)
+	ctx := context.Background()
+	table := "aa" + strings.Repeat("é", 29) // 60 bytes
+	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS "`+table+`"`) })
+	_, err := New(ctx, pool, Options{Table: table})
+	require.NoError(t, err)
+}
+
+// Any autovacuum setting an operator chose keeps New's own off the table.
+func TestAutovacuumKeepsAnOperatorsOtherSettings(t *testing.T) {
+	pool := testPool(t)
+	ctx := context.Background()
+	b, table := testBackend(t, pool)
+	_ = b
+	_, err := pool.Exec(ctx, `ALTER TABLE `+table+` RESET (autovacuum_vacuum_scale_factor, autovacuum_analyze_scale_factor)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_analyze_scale_factor = 0.5)`)
+	require.NoError(t, err)
+	_, err = New(ctx, pool, Options{Table: table})
+	require.NoError(t, err)
+	var o string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::text::regclass`, table).Scan(&o))
+	assert.Equal(t, "autovacuum_analyze_scale_factor=0.5", o)
+}

@@ -39,9 +39,10 @@ import (
 // and must not commit or roll it back: one that commits it anyway commits
 // its writes with a claim whose lease has lapsed, so the key reads as
 // interrupted (idem.ErrOutcomeUnknown until Resolve or Forget settles it),
-// never as claimed for ever. A RunOnceTx called with fn's ctx is refused
-// (backend.ErrRefused), and so is every call of the Backend made with it
-// on a pool of one connection, which fn's transaction holds.
+// never as claimed for ever. A RunOnceTx called with fn's ctx on the same
+// pool is refused (backend.ErrRefused), and so is a claim (RunOnce, Begin)
+// made with it on a pool of one connection, which fn's transaction holds;
+// other calls with fn's ctx on such a pool wait for that connection.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx pgx.Tx) (R, error)) (R, error) {
 	var zero R
 	if store == nil {
@@ -54,7 +55,7 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 		return zero, fmt.Errorf("postgres: RunOnceTx needs a store whose Backend is a *postgres.Backend, not %T", opts.Backend)
 	case fn == nil:
 		return zero, errors.New("postgres: RunOnceTx with a nil fn")
-	case ctx != nil && ctx.Value(inTx{}) == b:
+	case ctx != nil && ctx.Value(inTx{}) == b.pool:
 		// Before the key is claimed in memory: a nested call must not wait
 		// on itself, nor on a second connection a pool of one never has.
 		return zero, backend.Refuse(errNested)
@@ -65,14 +66,14 @@ func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, pay
 }
 
 // errNested is returned by RunOnceTx called with the ctx of another
-// RunOnceTx's fn on the same Backend, and by the Backend's calls made so
-// when its pool has one connection: fn's transaction holds a connection
-// until fn returns, and the nested call would wait for another (for ever,
-// on a pool of one).
+// RunOnceTx's fn over the same pool, and by a claim (RunOnce, Begin) made
+// so when the pool has one connection: fn's transaction holds a
+// connection until fn returns, and the nested call would wait for another
+// (for ever, on a pool of one).
 var errNested = errors.New("postgres: called from inside RunOnceTx's fn, whose transaction holds a connection: use its pgx.Tx")
 
 // inTx is the context key that marks the context of an fn running in a
-// transaction of the Backend it holds.
+// transaction on the pool it holds.
 type inTx struct{}
 
 // runOnceTx claims key in a transaction of its own and, if it won the
@@ -162,7 +163,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.
 	}
 	// A panic in fn goes up to Ticket.Do, which reports it; the deferred
 	// rollback takes the key and fn's writes away, as for an error.
-	val, err = fn(context.WithValue(ctx, inTx{}, b), savepoint)
+	val, err = fn(context.WithValue(ctx, inTx{}, b.pool), savepoint)
 	if err != nil && !idem.IsFinal(err) {
 		return val, err
 	}

@@ -90,3 +90,31 @@ func TestRunOnceTxPlainCallInsideOnALargerPool(t *testing.T) {
 	require.NoError(t, err)
 	assert.NoError(t, inner)
 }
+
+// Two Backends (two tables) on one pool of one connection: a RunOnceTx on
+// the second from inside the first's fn is refused too; the marker is the
+// pool's, whose one connection fn's transaction holds.
+func TestRunOnceTxNestedAcrossBackendsOnAPoolOfOne(t *testing.T) {
+	testPool(t) // or skip
+	cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_DSN"))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b1, _ := testBackend(t, pool)
+	b2, _ := testBackend(t, pool)
+	s1, s2 := idem.New[int](idem.Options{Backend: b1}), idem.New[int](idem.Options{Backend: b2})
+	defer s1.Close()
+	defer s2.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var nested error
+	_, err = RunOnceTx(ctx, s1, "outer", "p", func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, nested = RunOnceTx(ctx, s2, "inner", "p", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		return 1, nil
+	})
+	require.NoError(t, err)
+	assert.ErrorIs(t, nested, errNested)
+	require.NoError(t, ctx.Err(), "refused at once")
+}

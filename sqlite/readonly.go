@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 )
 
 // OpenReadOnly opens the existing database at path for reading only, as
@@ -18,7 +19,9 @@ import (
 //     open (the last connection to close removes its -wal), and it is
 //     opened immutable: no locks, no -shm, nothing created. A process that
 //     opens the database for writing while it is read may change pages
-//     under the reader; read a copy of a database a service may start on.
+//     under the reader, which then fails with "database disk image is
+//     malformed": read it again (it is then opened read-only, not
+//     immutable), or read a copy of a database a service may start on.
 //   - With one, a process has the database open, or stopped without
 //     closing it, and its last commits are in the log: SQLite reads it
 //     through the -shm file, which it creates if it is missing. On a
@@ -33,7 +36,12 @@ func OpenReadOnly(ctx context.Context, path string) (*sql.DB, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("sqlite: %w", err)
 	}
-	live := exists(path+"-wal") || exists(path+"-journal")
+	// SQLite follows a symlink and keeps its -wal beside the target.
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	live := exists(real+"-wal") || exists(real+"-journal")
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeout.Milliseconds()))
 	if live {

@@ -33,9 +33,11 @@ usage:
   idem show WHERE KEY [-scope S] [-json]    one key's record in full
   idem forget WHERE KEY [-scope S]          drop an interrupted key whose operation
                                             did not happen: the next call runs it
-  idem resolve WHERE KEY (-result JSON | -error MSG) [-ttl 24h] [-scope S]
+  idem resolve WHERE KEY (-result JSON | -error MSG) [-ttl 24h] [-scope S] [-force]
                                             settle an interrupted key whose operation
                                             did happen: later calls replay this outcome
+                                            (-force: even if -result is not shaped like
+                                            the store's other results)
   idem sweep WHERE                          delete the expired records
   idem check WHERE                          look for damage: a bolt file's structure,
                                             and every record
@@ -98,6 +100,7 @@ func run(args []string, stdout, stderr io.Writer, now time.Time) int {
 	result := flags.String("result", "", "")
 	errMsg := flags.String("error", "", "")
 	ttl := flags.Duration("ttl", 24*time.Hour, "")
+	force := flags.Bool("force", false, "")
 
 	// Flags may come anywhere: parse, take one argument, parse again. After
 	// "--" every argument is positional, such as a key that starts with "-".
@@ -150,8 +153,9 @@ func run(args []string, stdout, stderr io.Writer, now time.Time) int {
 		if set.outcome, err = newResolution(*result, *errMsg, *ttl); err != nil {
 			return misuse(stderr, cmd, err.Error())
 		}
-	} else if *result != "" || *errMsg != "" {
-		return misuse(stderr, cmd, "-result and -error go with resolve")
+		set.outcome.force = *force
+	} else if *result != "" || *errMsg != "" || *force {
+		return misuse(stderr, cmd, "-result, -error and -force go with resolve")
 	}
 	where, key := pos[1], ""
 	if want == 2 {

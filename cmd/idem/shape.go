@@ -28,9 +28,9 @@ func kind(v any) string {
 
 // mismatch says how result's shape differs from sample's, a value the
 // store's Codec wrote and reads back: the kind of the whole and, for
-// objects, of each field the two share, or of every field where all of
-// sample's fields have one kind (a map). "" when nothing differs. null
-// decodes as anything's zero, so it is never a mismatch.
+// objects, of each field the two share. "" when nothing differs. null
+// decodes as anything's zero, so it never decides; fields only one side
+// has say nothing either (omitempty, a map's other keys).
 func mismatch(result, sample any) string {
 	rk, sk := kind(result), kind(sample)
 	switch {
@@ -42,22 +42,11 @@ func mismatch(result, sample any) string {
 		return ""
 	}
 	r, s := result.(map[string]any), sample.(map[string]any)
-	one := "" // the kind of every field of sample, if they share one
-	for _, v := range s {
-		switch k := kind(v); {
-		case one == "":
-			one = k
-		case one != k:
-			one = "mixed"
-		}
-	}
 	for name, v := range r {
 		if sv, ok := s[name]; ok {
 			if why := mismatch(v, sv); why != "" {
 				return fmt.Sprintf("field %q %s", name, why)
 			}
-		} else if one != "" && one != "mixed" && kind(v) != "null" && kind(v) != one {
-			return fmt.Sprintf("field %q is a JSON %s, where every field of the store's results is a JSON %s", name, kind(v), one)
 		}
 	}
 	return ""
@@ -77,8 +66,11 @@ func (t *tool) checkShape(ctx context.Context, result []byte) error {
 		return fmt.Errorf("%w: %w", errShape, err)
 	}
 	var sample backend.Record
-	found := false
+	found, looked := false, 0
 	err := t.b.Each(ctx, func(rec backend.Record) error {
+		if looked++; looked > maxShapeLook {
+			return errStop
+		}
 		var v any
 		live := rec.ExpiresAt.IsZero() || rec.ExpiresAt.After(t.now) // an expired record may be another program's, from long ago
 		if live && rec.State == backend.StateCompleted && !rec.Failed && len(rec.Value) > 0 && json.Unmarshal(rec.Value, &v) == nil && v != nil {
@@ -97,10 +89,13 @@ func (t *tool) checkShape(ctx context.Context, result []byte) error {
 	var s any
 	_ = json.Unmarshal(sample.Value, &s)
 	if why := mismatch(r, s); why != "" {
-		return fmt.Errorf("%w: it %s (compare: %s); every later call would fail to decode it", errShape, why, t.next("show", sample.Key))
+		return fmt.Errorf("%w: it %s (compare: %s); every later call would fail to decode it (-force writes it all the same)", errShape, why, t.next("show", sample.Key))
 	}
 	return nil
 }
+
+// maxShapeLook bounds the records checkShape reads looking for a sample.
+const maxShapeLook = 10_000
 
 // errStop ends a listing early.
 var errStop = errors.New("stop")

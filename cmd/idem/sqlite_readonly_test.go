@@ -131,3 +131,18 @@ func readOnlyMount(t *testing.T, dir string) string {
 	require.Error(t, os.WriteFile(filepath.Join(mnt, "probe"), nil, 0o600), "the mount is read-only")
 	return mnt
 }
+
+// A database reached through a symlink, with a service holding it open:
+// its -wal is beside the target, and inspect reads it (it was read
+// immutable, as if no process had it open, and its commits in the log
+// were missed).
+func TestSQLiteReadOnlyThroughASymlink(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "real.db")
+	_, closeAll := sqliteStore(t, path, "order-101")
+	defer closeAll()
+	link := filepath.Join(t.TempDir(), "link.db")
+	require.NoError(t, os.Symlink(path, link))
+	code, out, errs := runCmd("inspect", "sqlite:"+link)
+	require.Equal(t, 0, code, errs)
+	assert.Contains(t, out, `"order-101"  completed`)
+}

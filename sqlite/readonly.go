@@ -12,16 +12,17 @@ import (
 )
 
 // OpenReadOnly opens the existing database at path for reading only, as
-// idem's CLI does for inspect and show. It writes nothing, in the file or
-// beside it, and works on a read-only mount (a backup, a snapshot):
+// idem's CLI does for inspect and show. It never writes in the file, and
+// beside it only the -shm that reading a log needs:
 //
 //   - With no -wal or -journal file beside it, no process has the database
 //     open (the last connection to close removes its -wal), and it is
-//     opened immutable: no locks, no -shm, nothing created. A process that
-//     opens the database for writing while it is read may change pages
-//     under the reader, which then fails with "database disk image is
-//     malformed": read it again (it is then opened read-only, not
-//     immutable), or read a copy of a database a service may start on.
+//     opened immutable: no locks, no -shm, nothing created, so it reads on
+//     a read-only mount (a backup, a snapshot). A process that opens the
+//     database for writing while it is read may change pages under the
+//     reader, which then fails with "database disk image is malformed":
+//     read it again (while that process runs, its -wal makes the next
+//     open read-only, not immutable), or read a copy.
 //   - With one, a process has the database open, or stopped without
 //     closing it, and its last commits are in the log: SQLite reads it
 //     through the -shm file, which it creates if it is missing. On a

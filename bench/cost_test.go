@@ -60,7 +60,7 @@ import (
 //     hold) and inuse-B/key (bytes in use on them); sqlite's pages-B/key
 //     (pages in use, free pages left out); postgres's table-B/key and
 //     index-B/key; redis's usage-B/key (MEMORY USAGE summed over the
-//     backend's keys, its expiry index included: immune to other clients
+//     backend's keys: immune to other clients
 //     of the server) and key-B (MEMORY USAGE of one record).
 //
 // PostgreSQL and Redis come from IDEM_POSTGRES_DSN and IDEM_REDIS_ADDR, with

@@ -158,10 +158,10 @@ func testSweepDeletesExpiredOnly(t *testing.T, b backend.Backend) {
 
 	n, err := b.Sweep(ctx, time.Now(), 4)
 	require.NoError(t, err)
-	assert.Equal(t, 4, n, "Sweep must respect its limit")
+	assert.Equal(t, sweepable(b, 4), n, "Sweep must respect its limit")
 	n, err = b.Sweep(ctx, time.Now(), 100)
 	require.NoError(t, err)
-	assert.Equal(t, 6, n, "the rest of the expired records")
+	assert.Equal(t, sweepable(b, 6), n, "the rest of the expired records")
 	n, err = b.Sweep(ctx, time.Now(), 100)
 	require.NoError(t, err)
 	assert.Equal(t, 0, n, "nothing left to sweep")
@@ -195,7 +195,17 @@ func testSweepLimitNotPositive(t *testing.T, b backend.Backend) {
 	}
 	n, err := b.Sweep(ctx, time.Now(), 100)
 	require.NoError(t, err)
-	assert.Equal(t, 3, n, "the expired records are all still there to sweep: a limit of zero or less deleted some")
+	assert.Equal(t, sweepable(b, 3), n, "the expired records are all still there to sweep: a limit of zero or less deleted some")
+}
+
+// sweepable is how many of n expired records b's Sweep deletes: all of
+// them, or none for a backend whose records vanish at their expiry by
+// themselves (backend.SelfExpiring).
+func sweepable(b backend.Backend, n int) int {
+	if _, ok := b.(backend.SelfExpiring); ok {
+		return 0
+	}
+	return n
 }
 
 func testGetAndForget(t *testing.T, b backend.Backend) {
@@ -257,7 +267,7 @@ func testSweepOldestFirst(t *testing.T, b backend.Backend) {
 	}, "both records expire")
 	n, err := b.Sweep(ctx, time.Now(), 1)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, sweepable(b, 1), n)
 	left := map[string]bool{}
 	require.NoError(t, lister.Each(ctx, func(rec backend.Record) error {
 		left[rec.Key] = true

@@ -18,7 +18,11 @@
 //
 // A completed record is given a Redis TTL at its expiry, so Redis removes it
 // itself; a pending or interrupted record has none, since it must outlive a
-// dead owner until an operator clears it. Sweep only tidies the expiry index.
+// dead owner until an operator clears it. So the backend keeps no index of
+// expiries, which would be a hot key on one node, a write on every
+// Complete, and a set that grows without bound whenever no process sweeps:
+// Sweep has nothing to delete (backend.SelfExpiring). It only removes the
+// sorted set "<prefix>expiry" that releases before this one kept.
 //
 // Durability: Redis acknowledges a write before it reaches disk unless told
 // otherwise. The guarantee that a claim survives a Redis restart needs
@@ -79,14 +83,16 @@ type Options struct {
 type Backend struct {
 	rdb    redis.UniversalClient
 	prefix string
-	index  string // sorted set of completed keys by expiry, for Sweep
-	// oneSlot: every key lives on one node (not a Cluster), so a script may
-	// touch a record and the index together.
-	oneSlot bool
-	dials   *dialWatch // a hook on rdb: how its latest dial ended
+	// legacyIndex is the sorted set of completed keys by expiry that
+	// releases before this one wrote on every Complete; Sweep deletes it.
+	legacyIndex string
+	dials       *dialWatch // a hook on rdb: how its latest dial ended
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.SelfExpiring = (*Backend)(nil)
+)
 
 // New returns a Backend over rdb. The caller keeps ownership of rdb. New
 // adds a hook to rdb (AddHook) that watches its dials, so that a call can
@@ -96,10 +102,9 @@ func New(rdb redis.UniversalClient, opts Options) *Backend {
 	if prefix == "" {
 		prefix = "idem:"
 	}
-	_, cluster := rdb.(*redis.ClusterClient)
 	dials := new(dialWatch)
 	rdb.AddHook(dials)
-	return &Backend{rdb: rdb, prefix: prefix, index: prefix + "expiry", oneSlot: !cluster, dials: dials}
+	return &Backend{rdb: rdb, prefix: prefix, legacyIndex: prefix + "expiry", dials: dials}
 }
 
 func (b *Backend) key(k string) string { return b.prefix + "k:" + k }
@@ -267,9 +272,8 @@ return now`)
 if not v then return nil end
 ` + luaSeen)
 
-	// KEYS[1] key, and KEYS[2] the expiry index if it is on the same node;
-	// ARGV[1] token, ARGV[2] binary record, ARGV[3] TTL (ms), ARGV[4] the
-	// key's name in the index, ARGV[5] its score there. Returns 1, or 0 if
+	// KEYS[1] key; ARGV[1] token, ARGV[2] binary record, ARGV[3] TTL
+	// (ms). Returns 1, or 0 if
 	// the token does not hold an unsettled claim. The record expires PX
 	// after the server's now, and keeps its steps: the steps' length field,
 	// if the header has one (digits after created, where a record starts
@@ -290,7 +294,6 @@ local fp = e + 3 + string.byte(v, e + 2)
 local rec, at = ARGV[2], 4 + string.byte(ARGV[2], 3)
 rec = string.sub(rec, 1, at - 1) .. string.sub(v, fp, fp + 31) .. string.sub(rec, at + 32)
 redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. n .. rec .. steps, 'PX', ARGV[3])
-if KEYS[2] then redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4]) end
 return 1`)
 
 	// KEYS[1] key; ARGV[1] token.
@@ -322,15 +325,6 @@ if st == '1' and (lease == '0' or tonumber(lease) > now) then return 0 end
 redis.call('DEL', KEYS[1])
 return 1`)
 
-	// KEYS[1] key. Deletes a completed, expired record.
-	sweepScript = redis.NewScript(luaNow + `
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-if string.sub(v, 1, 2) ~= '2|' then return 0 end
-local expires = tonumber(redis.call('PEXPIRETIME', KEYS[1]))
-if expires > now then return 0 end
-redis.call('DEL', KEYS[1])
-return 1`)
 )
 
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
@@ -393,29 +387,7 @@ func (b *Backend) complete(ctx context.Context, rec backend.Record, ttl time.Dur
 	if err != nil {
 		return err
 	}
-	ms := max(millis(ttl), 1)
-	// The expiry index only paces Sweep, which checks each record itself,
-	// and Redis expires the records on its own clock: an index score by
-	// this process's clock decides nothing.
-	score := time.Now().Add(ttl).UnixMilli()
-	if b.oneSlot { // the script adds the index entry too: one command
-		n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key), b.index}, rec.Token, enc, ms, rec.Key, score).Int64()
-		return backend.Owned(n, err, rec.Key)
-	}
-	// On a Cluster the index is on another node: one round trip all the
-	// same, through a pipeline. Scripts in a pipeline go as EVAL, since a
-	// pipeline cannot fall back from EVALSHA on a node that has not cached
-	// the script.
-	var complete *redis.Cmd
-	_, err = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		complete = completeScript.Eval(ctx, p, []string{b.key(rec.Key)}, rec.Token, enc, ms, rec.Key, score)
-		p.ZAdd(ctx, b.index, redis.Z{Score: float64(score), Member: rec.Key})
-		return nil
-	})
-	if err != nil && complete.Err() == nil {
-		return err
-	}
-	n, err := complete.Int64()
+	n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, enc, max(millis(ttl), 1)).Int64()
 	return backend.Owned(n, err, rec.Key)
 }
 
@@ -468,46 +440,25 @@ func (b *Backend) forget(ctx context.Context, key string) error {
 	case n == 0:
 		return fmt.Errorf("%w: key %q is claimed and its lease holds", idem.ErrInProgress, key)
 	}
-	return b.rdb.ZRem(ctx, b.index, key).Err()
+	return nil
 }
 
-// Sweep clears up to limit entries from the expiry index that expired by
-// the server's clock, soonest first, deleting each one's record if it is
-// still there, completed and expired (Redis has most often expired it
-// already), and returns how many entries it cleared, so that a caller
-// sweeps on while there are more.
+// Sweep deletes nothing and returns 0: Redis deletes a completed record
+// itself at its expiry, by the server's clock. It deletes the expiry index
+// an earlier release kept, if there is one (a replica of that release may
+// still be writing it while replicas are upgraded one by one), with UNLINK,
+// which frees a large set in the background.
 func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
 	if limit <= 0 {
-		return 0, nil // a ZRANGE Count of 0 or less would mean no limit
+		return 0, nil
 	}
-	return bound(ctx, b.dials, func(ctx context.Context) (int, error) { return b.sweep(ctx, limit) })
+	return 0, bound0(ctx, b.dials, func(ctx context.Context) error {
+		return b.rdb.Unlink(ctx, b.legacyIndex).Err()
+	})
 }
 
-func (b *Backend) sweep(ctx context.Context, limit int) (int, error) {
-	now, err := b.rdb.Time(ctx).Result()
-	if err != nil {
-		return 0, err
-	}
-	keys, err := b.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
-		Key: b.index, Start: "-inf", Stop: strconv.FormatInt(now.UnixMilli(), 10), ByScore: true, Count: int64(limit),
-	}).Result()
-	if err != nil || len(keys) == 0 {
-		return 0, err
-	}
-	_, err = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		members := make([]any, len(keys))
-		for i, k := range keys {
-			sweepScript.Eval(ctx, p, []string{b.key(k)}) // EVAL: see Complete
-			members[i] = k
-		}
-		p.ZRem(ctx, b.index, members...)
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return len(keys), nil
-}
+// ExpiresRecords marks the backend as backend.SelfExpiring.
+func (*Backend) ExpiresRecords() {}
 
 // Each calls fn for every record under the backend's prefix, stopping at
 // fn's first error. It is for inspection (cmd/idem): it SCANs the keyspace,

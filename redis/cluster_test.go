@@ -201,11 +201,12 @@ func testColdScriptCache(t *testing.T, rdb redis.UniversalClient, b *Backend) {
 	flushScripts(t, rdb)
 	swept, err := brief.Sweep(ctx)
 	require.NoError(t, err)
-	assert.Positive(t, swept, "Sweep cleared the expired keys")
+	assert.Zero(t, swept, "Redis expired the keys itself")
 }
 
-// TestClusterSweepForget: on a Cluster, Sweep clears what expired, from
-// every primary, and Forget clears a completed key but refuses a live claim.
+// TestClusterSweepForget: on a Cluster, expired keys vanish from every
+// primary without a sweep, Sweep removes the index an older release kept,
+// and Forget clears a completed key but refuses a live claim.
 func TestClusterSweepForget(t *testing.T) {
 	rdb := testClusterClient(t)
 	t.Run("Sweep", func(t *testing.T) { testSweep(t, rdb, testClusterBackend(t, rdb)) })
@@ -219,11 +220,15 @@ func TestSingleSweepForget(t *testing.T) {
 	t.Run("Forget", func(t *testing.T) { testForget(t, testBackend(t, rdb)) })
 }
 
-// testSweep completes keys with a short TTL, waits until they have expired,
-// and sweeps: the first Sweep clears them, and leaves nothing under the
-// backend's prefix, record or index entry, on any primary.
+// testSweep completes keys with a short TTL while an older release's
+// expiry index stands, and waits until they have expired: nothing is left
+// under the backend's prefix but that index, on any primary, before any
+// Sweep (no key grows while nobody sweeps), and a Sweep returns 0 and
+// deletes the old index.
 func testSweep(t *testing.T, rdb redis.UniversalClient, b *Backend) {
 	ctx := context.Background()
+	legacy := b.prefix + "expiry"
+	require.NoError(t, rdb.ZAdd(ctx, legacy, redis.Z{Score: 1, Member: "from-an-older-release"}).Err())
 	s := idem.New[int](idem.Options{Backend: b, TTL: 50 * time.Millisecond, SweepInterval: -1})
 	defer s.Close()
 	var keys []string
@@ -234,16 +239,21 @@ func testSweep(t *testing.T, rdb redis.UniversalClient, b *Backend) {
 		keys = append(keys, k)
 	}
 	waitGone(t, b, keys)
+	for addr, left := range keysUnder(t, rdb, b.prefix) {
+		for _, k := range left {
+			assert.Equal(t, legacy, k, "%s: left after the TTL with no sweep", addr)
+		}
+	}
+	entries, err := rdb.ZCard(ctx, legacy).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, entries, "Complete added to the old expiry index")
 
 	swept, err := s.Sweep(ctx)
 	require.NoError(t, err)
-	assert.Positive(t, swept, "the first Sweep after the TTL clears the expired keys")
+	assert.Zero(t, swept, "Redis expired the keys itself: nothing for Sweep")
 	for addr, left := range keysUnder(t, rdb, b.prefix) {
 		assert.Empty(t, left, "%s: left after Sweep", addr)
 	}
-	swept, err = s.Sweep(ctx)
-	require.NoError(t, err)
-	assert.Zero(t, swept, "a second Sweep finds nothing")
 }
 
 // testForget forgets a completed key, which then runs again, and is refused

@@ -324,7 +324,6 @@ local st, lease = string.match(v, '^(%d)|(%d*)|')
 if st == '1' and (lease == '0' or tonumber(lease) > now) then return 0 end
 redis.call('DEL', KEYS[1])
 return 1`)
-
 )
 
 // Claim claims rec.Key, judging leases and expiry by the server's clock;

@@ -16,6 +16,13 @@
 // database never decide who owns a key, so skew between them cannot cause
 // a second execution.
 //
+// Isolation: each statement the backend sends alone runs in the session's
+// default isolation, which a team may have made SERIALIZABLE; the claim and
+// every write are correct under any level, and one that fails as a
+// serialization failure or deadlock (40001, 40P01) took no effect and is
+// sent again, so callers never see one. Transactions the backend opens
+// itself (RecordStep, RunOnceTx) are READ COMMITTED.
+//
 // New creates the table under an advisory lock, so any number of replicas
 // may start at once.
 //
@@ -33,6 +40,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
@@ -307,22 +315,15 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 	}
 	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease)}
 	for {
-		rows, err := b.pool.Query(ctx, b.q.claim, args...)
-		if err != nil {
-			return backend.Record{}, false, err
-		}
 		var won, expired bool
-		got, found, err := scanOne(rows, &won, &expired)
+		got, found, err := b.queryOne(ctx, b.q.claim, args, &won, &expired)
 		switch {
 		case err != nil:
 			return backend.Record{}, false, err
 		case found && !expired:
 			return got, won, nil
 		case found: // expired: take it over, unless another claim did first
-			if rows, err = b.pool.Query(ctx, b.q.takeOver, args...); err != nil {
-				return backend.Record{}, false, err
-			}
-			if got, found, err = scanOne(rows, &won, &expired); err != nil || found {
+			if got, found, err = b.queryOne(ctx, b.q.takeOver, args, &won, &expired); err != nil || found {
 				return got, won, err
 			}
 		}
@@ -334,38 +335,36 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 
 // Complete records the outcome, expiring ttl after the server's now.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
-	tag, err := b.pool.Exec(ctx, b.q.complete, rec.Key, rec.Token, micros(ttl), rec.Value, rec.Failed, rec.ErrMsg)
+	tag, err := b.exec(ctx, b.q.complete, rec.Key, rec.Token, micros(ttl), rec.Value, rec.Failed, rec.ErrMsg)
 	return backend.Owned(tag.RowsAffected(), err, rec.Key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	tag, err := b.pool.Exec(ctx, b.q.release, key, token)
+	tag, err := b.exec(ctx, b.q.release, key, token)
 	return backend.Owned(tag.RowsAffected(), err, key)
 }
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
-	tag, err := b.pool.Exec(ctx, b.q.renew, key, token, micros(lease))
+	tag, err := b.exec(ctx, b.q.renew, key, token, micros(lease))
 	return backend.Owned(tag.RowsAffected(), err, key)
 }
 
 // Get returns key's record as the server's clock sees it.
 func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
-	rows, err := b.pool.Query(ctx, b.q.get, key)
-	if err != nil {
-		return backend.Record{}, false, err
-	}
-	return scanOne(rows)
+	return b.queryOne(ctx, b.q.get, []any{key})
 }
 
 // Forget judges the lease by the server's clock.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
-	tag, err := b.pool.Exec(ctx, b.q.forget, key)
+	tag, err := b.exec(ctx, b.q.forget, key)
 	if err != nil || tag.RowsAffected() > 0 {
 		return err
 	}
-	var exists bool
-	if err := b.pool.QueryRow(ctx, b.q.exists, key).Scan(&exists); err != nil {
+	exists, err := retried(ctx, func() (exists bool, err error) {
+		return exists, b.pool.QueryRow(ctx, b.q.exists, key).Scan(&exists)
+	})
+	if err != nil {
 		return err
 	}
 	if exists {
@@ -379,11 +378,16 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 	if limit <= 0 {
 		return 0, nil // PostgreSQL refuses a negative LIMIT
 	}
-	tag, err := b.pool.Exec(ctx, b.q.sweep, limit)
+	tag, err := b.exec(ctx, b.q.sweep, limit)
 	if err != nil {
 		return 0, err
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// exec runs a statement, retried on a conflict.
+func (b *Backend) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return retried(ctx, func() (pgconn.CommandTag, error) { return b.pool.Exec(ctx, sql, args...) })
 }
 
 // scanOne reads the one record rows may hold, after any leading columns
@@ -435,6 +439,10 @@ func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error
 
 // page reads up to limit records with keys after after, in key order.
 func (b *Backend) page(ctx context.Context, after string, limit int) ([]backend.Record, error) {
+	return retried(ctx, func() ([]backend.Record, error) { return b.readPage(ctx, after, limit) })
+}
+
+func (b *Backend) readPage(ctx context.Context, after string, limit int) ([]backend.Record, error) {
 	rows, err := b.pool.Query(ctx, b.q.page, after, limit)
 	if err != nil {
 		return nil, err

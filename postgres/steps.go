@@ -42,11 +42,7 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 // by the server's clock and giving it a lease after the server's now; now
 // is ignored.
 func (b *Backend) Resume(ctx context.Context, key, old, token string, _ time.Time, lease time.Duration) (backend.Record, error) {
-	rows, err := b.pool.Query(ctx, b.q.resume, key, old, token, micros(lease))
-	if err != nil {
-		return backend.Record{}, err
-	}
-	rec, found, err := scanOne(rows)
+	rec, found, err := b.queryOne(ctx, b.q.resume, []any{key, old, token, micros(lease)})
 	if err == nil && !found {
 		err = fmt.Errorf("%w: key %q is not interrupted under this token", backend.ErrNotOwner, key)
 	}

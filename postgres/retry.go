@@ -1,0 +1,63 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/seed094d4201/idem/backend"
+)
+
+// retried runs f, which sends one statement outside any transaction of
+// the caller's, and runs it again while it fails with a serialization
+// failure (40001) or a deadlock (40P01), until ctx ends. Under a
+// SERIALIZABLE default (default_transaction_isolation, set for the server,
+// a role or a database: the backend does not choose it for a statement it
+// sends alone) concurrent claims, completions and sweeps of the same keys
+// fail so; such a statement took no effect, and running it again is what
+// PostgreSQL prescribes. The wait between attempts grows from 1 ms to
+// 64 ms, with jitter, so that the conflicting callers do not meet again.
+func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	for attempt := 0; ; attempt++ {
+		v, err := f()
+		if !conflicted(err) {
+			return v, err
+		}
+		wait := time.Millisecond << min(attempt, 6)
+		t := time.NewTimer(wait/2 + rand.N(wait))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return v, err
+		case <-t.C:
+		}
+	}
+}
+
+// conflicted reports whether err is PostgreSQL's answer to a statement
+// that lost a conflict with another: a serialization failure or a
+// deadlock.
+func conflicted(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+// queryOne runs a query that returns at most one record, after any
+// leading columns given as extra destinations, retried on a conflict.
+func (b *Backend) queryOne(ctx context.Context, sql string, args []any, extra ...any) (backend.Record, bool, error) {
+	type found struct {
+		rec backend.Record
+		ok  bool
+	}
+	f, err := retried(ctx, func() (found, error) {
+		rows, err := b.pool.Query(ctx, sql, args...)
+		if err != nil {
+			return found{}, err
+		}
+		rec, ok, err := scanOne(rows, extra...)
+		return found{rec, ok}, err
+	})
+	return f.rec, f.ok, err
+}

@@ -9,6 +9,19 @@
 // A key claimed when the process died is found pending when the file is next
 // opened; Open marks it interrupted, and the Store answers
 // idem.ErrOutcomeUnknown for it until it is forgotten.
+//
+// Size: bbolt never gives pages back to the file system; the pages a Sweep
+// frees are reused by later writes, and every commit writes the list of
+// them (8 bytes a free page), so a file that a large sweep left mostly free
+// writes more per key until it fills again. To shrink it, compact it while
+// no process has it open, with bbolt's own tool, and move the copy into
+// place:
+//
+//	go run go.etcd.io/bbolt/cmd/bbolt@v1.4.3 compact -o idem.db.compact idem.db
+//	mv idem.db.compact idem.db
+//
+// The copy holds every record, and is checked in full at its first Open (it
+// carries no clean-stop mark of its own: see Options.Check).
 package bolt
 
 import (
@@ -91,23 +104,17 @@ var _ backend.Backend = (*Backend)(nil)
 // holds for longer than opts.LockTimeout.
 //
 // Records that an earlier process left pending are marked interrupted.
+//
+// How much of the file Open checks first depends on how it was last
+// closed, and on opts.Check: see Check.
 func Open(path string, opts *Options) (*Backend, error) {
 	o := opts.withDefaults()
-	if err := checkFile(path, !o.SkipCheck); err != nil {
-		return nil, err
-	}
 	if o.ReadOnly {
 		return openReadOnly(path, o)
 	}
-	db, err := openDB(path, o)
+	db, err := openChecked(path, o)
 	if err != nil {
 		return nil, err
-	}
-	if !o.SkipCheck {
-		if err := checkRecords(db); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("bolt: %s: %w", path, err)
-		}
 	}
 	n, err := initialize(db)
 	if errors.Is(err, berrors.ErrIncompatibleValue) { // a bucket where a value belongs, or the reverse
@@ -127,6 +134,46 @@ func Open(path string, opts *Options) (*Backend, error) {
 	return b, nil
 }
 
+// openChecked checks the file as o.Check says, opening it with bbolt once
+// the pages bbolt reads at once have passed.
+func openChecked(path string, o Options) (*bbolt.DB, error) {
+	first := scopeOpen
+	if o.Check == CheckNever {
+		first = scopeMeta
+	}
+	if o.Check == CheckAlways {
+		first = scopeAll
+	}
+	checked, err := checkFile(path, first)
+	if err != nil {
+		return nil, err
+	}
+	db, err := openDB(path, o)
+	if err != nil || o.Check == CheckNever {
+		return db, err
+	}
+	if !checked {
+		var clean bool
+		if clean, err = stoppedCleanly(db); err == nil && !clean {
+			// Nothing has written the file since the check above: the
+			// pages checked now are the ones bbolt opened.
+			if _, err := checkFile(path, scopeAll); err != nil {
+				db.Close()
+				return nil, err
+			}
+			checked = true
+		}
+	}
+	if err == nil && checked {
+		err = checkRecords(db)
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("bolt: %s: %w", path, err)
+	}
+	return db, nil
+}
+
 func openDB(path string, o Options) (db *bbolt.DB, err error) {
 	// bbolt does not close the file if it panics on a damaged one; keep hold
 	// of it to close it, and so drop its lock, here.
@@ -141,8 +188,15 @@ func openDB(path string, o Options) (db *bbolt.DB, err error) {
 	db, err = bbolt.Open(path, o.FileMode, &bbolt.Options{
 		Timeout:      o.LockTimeout,
 		FreelistType: bbolt.FreelistMapType,
-		NoSync:       o.noSync,
-		ReadOnly:     o.ReadOnly,
+		// The freelist is written at every commit, which costs a commit
+		// 8 bytes per free page (some 250 KB a new key after a sweep freed
+		// half of a 1.8 GB file: compact it, see the package doc).
+		// NoFreelistSync would spare that, but bbolt then rebuilds the
+		// list by reading every page in use at each rolled-back write
+		// transaction, and the committer rolls back for every fn that
+		// fails in RunOnceTx or Update (bench/README.md, "At scale").
+		NoSync:   o.noSync,
+		ReadOnly: o.ReadOnly,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			f, err := os.OpenFile(name, flag, perm)
 			file = f
@@ -172,15 +226,9 @@ func openReadOnly(path string, o Options) (*Backend, error) {
 	case fi.Size() == 0:
 		return nil, fmt.Errorf("%w: %s is empty", ErrNotIdem, path)
 	}
-	db, err := openDB(path, o)
+	db, err := openChecked(path, o)
 	if err != nil {
 		return nil, err
-	}
-	if !o.SkipCheck {
-		if err := checkRecords(db); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("bolt: %s: %w", path, err)
-		}
 	}
 	err = view(db, func(tx *bbolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
@@ -285,6 +333,9 @@ func (b *Backend) Close() error {
 	close(b.reqs)
 	b.mu.Unlock()
 	<-b.exited
+	// A mark that fails to commit (a full disk) costs only the next Open
+	// a full check.
+	_ = markClean(b.db)
 	return b.db.Close()
 }
 
@@ -522,10 +573,29 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 	})
 }
 
-// Sweep deletes up to limit expired records in one transaction, walking the
-// expiry index from its start: the work is proportional to what expired, not
-// to the size of the file.
+// Sweep deletes up to limit expired records, walking the expiry index from
+// its start: the work is proportional to what expired, not to the size of
+// the file. It deletes them sweepBatch at a time, each chunk one write
+// among the others of its commit, so that claims made while a large sweep
+// runs wait for a small commit rather than for the whole sweep's.
 func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	swept := 0
+	for swept < limit {
+		want := min(limit-swept, sweepBatch)
+		n, err := b.sweepChunk(ctx, now, want)
+		swept += n
+		if err != nil || n < want {
+			return swept, err
+		}
+	}
+	return swept, nil
+}
+
+// sweepBatch bounds the records one commit of a sweep deletes.
+const sweepBatch = 128
+
+// sweepChunk deletes up to limit expired records in one write.
+func (b *Backend) sweepChunk(ctx context.Context, now time.Time, limit int) (int, error) {
 	n := 0
 	err := b.write(ctx, func(tx *bbolt.Tx) error {
 		n = 0

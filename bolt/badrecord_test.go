@@ -74,7 +74,7 @@ func TestDamagedValueSizeIsCorrupt(t *testing.T) {
 
 			done := make(chan error, 1)
 			go func() {
-				b, err := Open(path, nil)
+				b, err := Open(path, &Options{Check: CheckAlways})
 				if err == nil {
 					s := idem.New[string](idem.Options{Backend: b})
 					_, err = s.RunOnce(context.Background(), "key-100", nil, func(context.Context) (string, error) { return "ran", nil })
@@ -117,8 +117,8 @@ func TestPageWithAWrongIDIsCorrupt(t *testing.T) {
 	}
 	require.True(t, damaged)
 	require.NoError(t, os.WriteFile(path, data, 0o600))
-	_, err = Open(path, nil)
+	_, err = Open(path, &Options{Check: CheckAlways})
 	assert.ErrorIs(t, err, ErrCorrupt)
-	_, err = Open(path, &Options{ReadOnly: true})
+	_, err = Open(path, &Options{ReadOnly: true, Check: CheckAlways})
 	assert.ErrorIs(t, err, ErrCorrupt)
 }

@@ -38,51 +38,76 @@ type meta struct {
 // below the pages they claim faults with SIGBUS on first access, and a
 // corrupt meta can panic. A missing or empty file is fine: Open creates it.
 //
-// With deep set, it also verifies the file's structure page by page
-// (verify.go) before bbolt reads any of it.
-func checkFile(path string, deep bool) error {
+// It also verifies the file's structure page by page (verify.go), as far
+// as scope says, before bbolt reads those pages, and reports whether it
+// verified all of them.
+func checkFile(path string, scope scope) (checkedAll bool, err error) {
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil
+		return false, nil
 	case err != nil:
-		return err
+		return false, err
 	case fi.IsDir():
-		return fmt.Errorf("bolt: %s is a directory, not a database file", path)
+		return false, fmt.Errorf("bolt: %s is a directory, not a database file", path)
 	case !fi.Mode().IsRegular():
-		return fmt.Errorf("bolt: %s is not a regular file", path)
+		return false, fmt.Errorf("bolt: %s is not a regular file", path)
 	case fi.Size() == 0:
-		return nil
+		return false, nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer f.Close()
 
 	m, err := readMeta(f)
 	switch {
 	case errors.Is(err, errNoMagic):
-		return fmt.Errorf("bolt: %s is not a bbolt database: %w", path, err)
+		return false, fmt.Errorf("bolt: %s is not a bbolt database: %w", path, err)
 	case err != nil:
-		return fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+		return false, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
 	}
 	if m.pgid > uint64(fi.Size())/uint64(m.pageSize) { // pgid*pageSize could overflow
-		return fmt.Errorf("%w: %s is truncated: %d bytes, but its meta page counts %d pages of %d", ErrCorrupt, path, fi.Size(), m.pgid, m.pageSize)
+		return false, fmt.Errorf("%w: %s is truncated: %d bytes, but its meta page counts %d pages of %d", ErrCorrupt, path, fi.Size(), m.pgid, m.pageSize)
 	}
 	if m.txid > 1<<62 { // the next commit's id would wrap, and bbolt would free pages in use
-		return fmt.Errorf("%w: %s: implausible transaction id %d", ErrCorrupt, path, m.txid)
+		return false, fmt.Errorf("%w: %s: implausible transaction id %d", ErrCorrupt, path, m.txid)
 	}
 	if m.root >= m.pgid || (m.freelist >= m.pgid && m.freelist != noFreelist) {
-		return fmt.Errorf("%w: %s: meta page points past the end of the file", ErrCorrupt, path)
+		return false, fmt.Errorf("%w: %s: meta page points past the end of the file", ErrCorrupt, path)
 	}
-	if deep {
-		if err := verifyFile(f, m); err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
-		}
+	if scope == scopeOpen && m.freelist == noFreelist {
+		// No freelist: the last commit was not a clean Close (which
+		// writes one), and bbolt will rebuild the list by walking every
+		// page, trusting them.
+		scope = scopeAll
 	}
-	return nil
+	var err2 error
+	switch scope {
+	case scopeOpen:
+		err2 = verifyFile(f, m, bucketMeta, bucketPending)
+	case scopeAll:
+		err2 = verifyFile(f, m)
+	}
+	if err2 != nil {
+		return false, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err2)
+	}
+	return scope == scopeAll, nil
 }
+
+// A scope is how much of a file checkFile verifies.
+type scope int
+
+const (
+	// scopeMeta: the meta pages, and the file's size against them.
+	scopeMeta scope = iota
+	// scopeOpen: and the pages Open reads through bbolt (the root
+	// bucket, the meta and pending buckets) and the freelist's bounds.
+	scopeOpen
+	// scopeAll: and every page in use.
+	scopeAll
+)
 
 // errNoMagic is returned by readMeta for a file that does not start like a
 // bbolt database at all.

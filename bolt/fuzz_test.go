@@ -65,7 +65,7 @@ func FuzzOpen(f *testing.F) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			b, err := Open(path, &Options{LockTimeout: -1, noSync: true})
+			b, err := Open(path, &Options{LockTimeout: -1, noSync: true, Check: CheckAlways})
 			if err != nil {
 				return
 			}

@@ -40,12 +40,12 @@ func TestHostileChild(t *testing.T) {
 	_ = syscall.Setrlimit(syscall.RLIMIT_AS, &syscall.Rlimit{Cur: 8 << 30, Max: 8 << 30})
 	_ = syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: 1 << 30, Max: 1 << 30})
 	mode := os.Getenv(hostileModeEnv)
-	opts := &Options{LockTimeout: -1}
+	opts := &Options{LockTimeout: -1, Check: CheckAlways} // the files are closed cleanly, then damaged
 	switch mode {
 	case "ro":
 		opts.ReadOnly = true
 	case "skip":
-		opts.SkipCheck = true
+		opts.Check = CheckNever
 	}
 	report := func(what string, err error) {
 		fmt.Printf("RESULT %s: corrupt=%v err=%v\n", what, errors.Is(err, ErrCorrupt), err)
@@ -310,7 +310,7 @@ func TestHostileFreelistHoldsLivePage(t *testing.T) {
 	runAll(t, data, "rw")
 	// Directly: is a completed key still completed after one write?
 	p, _ := write(t, data)
-	b, err := Open(p, nil)
+	b, err := Open(p, &Options{Check: CheckAlways})
 	if err != nil {
 		t.Logf("Open: %v", err)
 		require.ErrorIs(t, err, ErrCorrupt)
@@ -353,7 +353,7 @@ func TestHostileMetaLowHighWater(t *testing.T) {
 	}
 	runAll(t, data, "rw")
 	p, _ := write(t, data)
-	b, err := Open(p, nil)
+	b, err := Open(p, &Options{Check: CheckAlways})
 	if err != nil {
 		t.Logf("Open: %v", err)
 		return

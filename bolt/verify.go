@@ -29,17 +29,35 @@ type verifier struct {
 	r         io.ReaderAt
 	m         meta
 	reachable map[uint64]bool
+	// only, if not nil, names the top-level buckets whose pages are
+	// checked; the others' are not read.
+	only [][]byte
 }
 
 // verifyFile checks the structure of the bbolt file r, whose newest meta is
 // m, before bbolt reads it. It returns an error describing the first damage
-// found.
-func verifyFile(r io.ReaderAt, m meta) error {
-	v := &verifier{r: r, m: m, reachable: map[uint64]bool{0: true, 1: true}}
-	if err := v.tree(m.root, 0); err != nil {
+// found. With only, it checks the root bucket's pages and those of the
+// top-level buckets only names, and the freelist as far as they tell (a
+// free page found in use among them).
+func verifyFile(r io.ReaderAt, m meta, only ...[]byte) error {
+	v := &verifier{r: r, m: m, reachable: map[uint64]bool{0: true, 1: true}, only: only}
+	if err := v.tree(m.root, 0, true); err != nil {
 		return err
 	}
 	return v.freelist()
+}
+
+// checked reports whether the top-level bucket name is to be checked.
+func (v *verifier) checked(name []byte) bool {
+	if v.only == nil {
+		return true
+	}
+	for _, o := range v.only {
+		if bytes.Equal(o, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // page reads page id and its overflow pages, marking them reachable.
@@ -73,8 +91,10 @@ func (v *verifier) page(id uint64) (flags uint16, count int, data []byte, err er
 	return le.Uint16(hdr[8:]), int(le.Uint16(hdr[10:])), data, nil
 }
 
-// tree checks the branch or leaf page id and everything under it.
-func (v *verifier) tree(id uint64, depth int) error {
+// tree checks the branch or leaf page id and everything under it; top
+// says it is a page of the root bucket, whose elements are the top-level
+// buckets.
+func (v *verifier) tree(id uint64, depth int, top bool) error {
 	if depth > maxDepth {
 		return fmt.Errorf("page %d: nested more than %d deep", id, maxDepth)
 	}
@@ -82,12 +102,12 @@ func (v *verifier) tree(id uint64, depth int) error {
 	if err != nil {
 		return err
 	}
-	return v.elements(id, flags, count, data, depth)
+	return v.elements(id, flags, count, data, depth, top)
 }
 
 // elements checks the elements of a branch or leaf page held in data (a
 // page of the file, or a bucket's inline page).
-func (v *verifier) elements(id uint64, flags uint16, count int, data []byte, depth int) error {
+func (v *verifier) elements(id uint64, flags uint16, count int, data []byte, depth int, top bool) error {
 	le := binary.NativeEndian
 	if pageHeaderSize+count*elementSize > len(data) {
 		return fmt.Errorf("page %d: %d elements do not fit in it", id, count)
@@ -111,7 +131,7 @@ func (v *verifier) elements(id uint64, flags uint16, count int, data []byte, dep
 			if err := ordered(i, data[uint64(e)+pos:uint64(e)+pos+ksize]); err != nil {
 				return err
 			}
-			if err := v.tree(le.Uint64(data[e+8:]), depth+1); err != nil {
+			if err := v.tree(le.Uint64(data[e+8:]), depth+1, top); err != nil {
 				return err
 			}
 		case leafPageFlag:
@@ -122,7 +142,7 @@ func (v *verifier) elements(id uint64, flags uint16, count int, data []byte, dep
 			if err := ordered(i, data[uint64(e)+pos:uint64(e)+pos+ksize]); err != nil {
 				return err
 			}
-			if eflags&bucketLeafFlag == 0 {
+			if eflags&bucketLeafFlag == 0 || top && !v.checked(data[uint64(e)+pos:uint64(e)+pos+ksize]) {
 				continue
 			}
 			value := data[uint64(e)+pos+ksize : uint64(e)+pos+ksize+vsize]
@@ -130,7 +150,7 @@ func (v *verifier) elements(id uint64, flags uint16, count int, data []byte, dep
 				return fmt.Errorf("page %d: bucket element %d too short", id, i)
 			}
 			if root := le.Uint64(value); root != 0 {
-				if err := v.tree(root, depth+1); err != nil {
+				if err := v.tree(root, depth+1, false); err != nil {
 					return err
 				}
 				continue
@@ -142,7 +162,7 @@ func (v *verifier) elements(id uint64, flags uint16, count int, data []byte, dep
 			if depth+1 > maxDepth {
 				return fmt.Errorf("page %d: nested more than %d deep", id, maxDepth)
 			}
-			if err := v.elements(id, le.Uint16(inline[8:]), int(le.Uint16(inline[10:])), inline, depth+1); err != nil {
+			if err := v.elements(id, le.Uint16(inline[8:]), int(le.Uint16(inline[10:])), inline, depth+1, false); err != nil {
 				return err
 			}
 		default:

@@ -30,6 +30,11 @@ type config struct {
 // adds one.
 var measurements = map[string]func(ctx context.Context, c config) error{}
 
+// children maps a backend's name to what a child process run with -child
+// does: hold claims in the store -dir names until it is killed, so that
+// the parent can time a start after an unclean stop.
+var children = map[string]func(target string) error{}
+
 func main() {
 	var names []string
 	for n := range measurements {
@@ -39,7 +44,15 @@ func main() {
 	name := flag.String("backend", "", "the backend to measure: "+strings.Join(names, ", "))
 	keys := flag.Int("keys", 1_000_000, "keys to fill the store with")
 	dir := flag.String("dir", "", "a directory for the files (default: a new temporary one)")
+	child := flag.String("child", "", "")
 	flag.Parse()
+	if *child != "" {
+		if err := children[*child](*dir); err != nil {
+			fmt.Fprintln(os.Stderr, "scale child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	run, ok := measurements[*name]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "scale: -backend must be one of %s\n", strings.Join(names, ", "))

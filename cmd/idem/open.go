@@ -81,7 +81,9 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 	if _, err := os.Stat(where); err != nil {
 		return nil, nil, err
 	}
-	b, err := bolt.Open(where, &bolt.Options{ReadOnly: readOnly})
+	// An operator's tool reads the whole file first, however it was closed:
+	// it is what is run on a file someone doubts.
+	b, err := bolt.Open(where, &bolt.Options{ReadOnly: readOnly, Check: bolt.CheckAlways})
 	if errors.Is(err, bolt.ErrLocked) {
 		return nil, nil, fmt.Errorf("%w (is the service that uses it still running?)", err)
 	}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/seed094d4201/idem/postgres"
+)
+
+func init() { measurements["postgres"] = measurePostgres }
+
+// measurePostgres fills a table of its own in the database
+// IDEM_POSTGRES_DSN names, half of it with a TTL that lapses during the
+// fill, then sweeps that half while new keys are claimed, printing the
+// table's size, its dead rows and its HOT updates at each point. The table
+// is dropped at the end.
+func measurePostgres(ctx context.Context, c config) error {
+	dsn := os.Getenv("IDEM_POSTGRES_DSN")
+	if dsn == "" {
+		return errors.New("IDEM_POSTGRES_DSN is not set")
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = callers
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	table := "idem_scale_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	defer pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table)
+	b, err := postgres.New(ctx, pool, postgres.Options{Table: table})
+	if err != nil {
+		return err
+	}
+	if err := fillHalves(ctx, b, c.keys); err != nil {
+		return err
+	}
+	stats := func(when string) error {
+		time.Sleep(2 * time.Second) // other sessions flush their counters within a second
+		var total, heap, idx, live, dead, upd, hot, vacuums int64
+		err := pool.QueryRow(ctx, `SELECT pg_total_relation_size(relid), pg_table_size(relid), pg_indexes_size(relid),
+    n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, autovacuum_count
+FROM pg_stat_user_tables WHERE relname = $1`, table).Scan(&total, &heap, &idx, &live, &dead, &upd, &hot, &vacuums)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s: %d MB (table %d MB, indexes %d MB), %d live rows, %d dead, %d updates of which %d HOT, %d autovacuums\n",
+			when, total>>20, heap>>20, idx>>20, live, dead, upd, hot, vacuums)
+		return nil
+	}
+	if err := stats("after the fill"); err != nil {
+		return err
+	}
+	if err := sweepUnderLoad(ctx, b, func() int64 { return 0 }); err != nil {
+		return err
+	}
+	if err := stats("after the sweep"); err != nil {
+		return err
+	}
+	time.Sleep(phaseLength)
+	return stats(fmt.Sprintf("%v later", phaseLength+2*time.Second))
+}

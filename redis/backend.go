@@ -461,7 +461,8 @@ func (*Backend) ExpiresRecords() {}
 
 // Each calls fn for every record under the backend's prefix, stopping at
 // fn's first error. It is for inspection (cmd/idem): it SCANs the keyspace,
-// every primary's on a Cluster, calling fn from one goroutine at a time.
+// every primary's on a Cluster, reads each page of up to 1,000 keys in one
+// pipelined round trip, and calls fn from one goroutine at a time.
 func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
 	if c, ok := b.rdb.(*redis.ClusterClient); ok {
 		var mu sync.Mutex
@@ -477,20 +478,62 @@ func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error
 }
 
 func (b *Backend) each(ctx context.Context, node redis.Cmdable, fn func(backend.Record) error) error {
-	iter := node.Scan(ctx, 0, globEscape(b.prefix+"k:")+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		key := strings.TrimPrefix(iter.Val(), b.prefix+"k:")
-		rec, ok, err := b.Get(ctx, key, time.Time{})
+	match := globEscape(b.prefix+"k:") + "*"
+	var cursor uint64
+	for {
+		keys, next, err := node.Scan(ctx, cursor, match, 1000).Result()
 		if err != nil {
 			return err
 		}
-		if ok {
+		page, err := b.getPage(ctx, node, keys)
+		if err != nil {
+			return err
+		}
+		for _, rec := range page {
 			if err := fn(rec); err != nil {
 				return err
 			}
 		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
 	}
-	return iter.Err()
+}
+
+// getPage reads the records of one SCAN page, which are all on node, in
+// one round trip: a pipeline of the get script (sent whole, as EVAL: see
+// Complete). A key gone since the SCAN is left out.
+func (b *Backend) getPage(ctx context.Context, node redis.Cmdable, keys []string) ([]backend.Record, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.Cmd, len(keys))
+	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = getScript.Eval(ctx, p, []string{k})
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	page := make([]backend.Record, 0, len(keys))
+	for i, c := range cmds {
+		reply, err := c.Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			continue
+		case err != nil:
+			return nil, err
+		}
+		rec, err := decodeSeen(strings.TrimPrefix(keys[i], b.prefix+"k:"), reply)
+		if err != nil {
+			return nil, err
+		}
+		page = append(page, rec)
+	}
+	return page, nil
 }
 
 // globEscape quotes the characters SCAN's MATCH reads as a pattern, so a

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/redis"
 )
 
@@ -58,6 +61,35 @@ func measureRedis(ctx context.Context, c config) error {
 	}
 	fmt.Printf("used_memory grew %d MB: %.0f B per key filled, %.0f B per key still held (%d records, %d other keys)\n",
 		(after-before)>>20, float64(after-before)/float64(c.keys), float64(after-before)/float64(max(keys, 1)), keys, others)
+	return listAll(ctx, b)
+}
+
+// listAll times Store.Records over every record, and reports the most
+// the Go heap held meanwhile and how long the first record took.
+func listAll(ctx context.Context, b backend.Backend) error {
+	s := idem.New[[]byte](idem.Options{Backend: b, SweepInterval: -1})
+	defer s.Close()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base, peak := ms.HeapAlloc, ms.HeapAlloc
+	start := time.Now()
+	var first time.Duration
+	n := 0
+	for _, err := range s.Records(ctx) {
+		if err != nil {
+			return err
+		}
+		if n++; n == 1 {
+			first = time.Since(start)
+		}
+		if n%10_000 == 0 {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapAlloc)
+		}
+	}
+	fmt.Printf("Store.Records: %d records in %v, the first after %v; the heap grew at most %d MB\n",
+		n, time.Since(start).Round(time.Millisecond), first.Round(time.Microsecond), (peak-base)>>20)
 	return nil
 }
 

@@ -254,7 +254,7 @@ func TestHostileBranchCycle(t *testing.T) {
 	_, data, root := branchRoot(t)
 	off := root*4096 + pageHeaderSize
 	le.PutUint64(data[off+8:], uint64(root)) // branch element: pos, ksize, pgid
-	runAll(t, data, "rw", "ro")              // SkipCheck opts out of this protection, as documented
+	runAll(t, data, "rw", "ro")              // CheckNever opts out of this protection, as documented
 }
 
 // A branch element whose key claims 2 GB: no leaf holds it, so the walk
@@ -446,7 +446,7 @@ func TestHostileNestedBucketInIdemBuckets(t *testing.T) {
 			require.NoError(t, db.Close())
 			data, err := os.ReadFile(path)
 			require.NoError(t, err)
-			runAll(t, data, "rw", "ro") // SkipCheck opts out of this protection, as documented
+			runAll(t, data, "rw", "ro") // CheckNever opts out of this protection, as documented
 		})
 	}
 }

@@ -41,6 +41,13 @@
 // the other way round, so stop the replicas of the older version before the
 // newer one writes records.
 //
+// A full Redis (maxmemory reached under the noeviction policy) refuses a
+// new claim with its OOM error and writes nothing, while replays, reads,
+// listings and Forget go on: the scripts carry no "#!lua flags=" line, so
+// Redis 7 judges memory at their first write, not at their start (a
+// "no-writes" flag would change nothing for the read-only ones; a flags
+// line without it would refuse them).
+//
 // Scripts are sent by hash and loaded on a server that has not cached them
 // (a new or restarted server, a failover, every node of a new Cluster);
 // inside pipelines they are sent whole.

@@ -130,7 +130,9 @@ func indexName(name string) string {
 // one that waits sees, with a fresh snapshot, that the table is there.
 func migrate(ctx context.Context, pool *pgxpool.Pool, table, idx string) error {
 	index := pgx.Identifier{idx}.Sanitize()
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// Read committed, whatever the session default: each statement after
+	// the lock must see what the replica that held it before created.
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "idem migrate "+table); err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 // fail so; such a statement took no effect, and running it again is what
 // PostgreSQL prescribes. The wait between attempts grows from 1 ms to
 // 64 ms, with jitter, so that the conflicting callers do not meet again.
+// A conflict that never ends (a trigger raising 40001) is retried until
+// ctx ends, and the error then matches both the conflict and ctx's.
 func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	for attempt := 0; ; attempt++ {
 		v, err := f()
@@ -30,7 +33,7 @@ func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return v, err
+			return v, fmt.Errorf("%w (sent %d times, until: %w)", err, attempt+1, context.Cause(ctx))
 		case <-t.C:
 		}
 	}

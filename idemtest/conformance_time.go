@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,6 +156,20 @@ func testSweepDeletesExpiredOnly(t *testing.T, b backend.Backend) {
 		rec, _ := get(t, b, "pending")
 		return rec.State == backend.StateInterrupted
 	}, "the short records expire and the pending lease lapses")
+	if lister, ok := b.(backend.Lister); ok && sweepable(b, 1) == 0 {
+		// A backend that says its records expire by themselves must not
+		// keep them: they stop being listed, with no Sweep.
+		eventually(t, func() bool {
+			listed := 0
+			require.NoError(t, lister.Each(ctx, func(rec backend.Record) error {
+				if strings.HasPrefix(rec.Key, "short-") {
+					listed++
+				}
+				return nil
+			}))
+			return listed == 0
+		}, "the expired records of a SelfExpiring backend are gone without a Sweep")
+	}
 
 	n, err := b.Sweep(ctx, time.Now(), 4)
 	require.NoError(t, err)

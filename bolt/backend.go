@@ -21,7 +21,7 @@
 //	mv idem.db.compact idem.db
 //
 // The copy holds every record, and is checked in full at its first Open (it
-// carries no clean-stop mark of its own: see Options.Check).
+// bears no clean-stop stamp: see Options.Check).
 package bolt
 
 import (
@@ -89,6 +89,9 @@ type Backend struct {
 	db          *bbolt.DB
 	interrupted int  // records found pending by Open and marked interrupted
 	readOnly    bool // Options.ReadOnly: no committer, every write refused
+	// verified: Open checked the file, in full or as a clean stop's, so
+	// Close may stamp it clean (clean.go); not with CheckNever.
+	verified bool
 
 	mu     sync.RWMutex
 	closed bool          // guarded by mu
@@ -126,6 +129,7 @@ func Open(path string, opts *Options) (*Backend, error) {
 	}
 	b := &Backend{
 		db:          db,
+		verified:    o.Check != CheckNever,
 		interrupted: n,
 		reqs:        make(chan *request, o.MaxBatch),
 		exited:      make(chan struct{}),
@@ -135,8 +139,25 @@ func Open(path string, opts *Options) (*Backend, error) {
 }
 
 // openChecked checks the file as o.Check says, opening it with bbolt once
-// the pages bbolt reads at once have passed.
+// the pages bbolt reads at once have passed. The check runs under the
+// file's lock (holdLock); if another process wrote the file between the
+// check and bbolt's taking of the lock, it checks again.
 func openChecked(path string, o Options) (*bbolt.DB, error) {
+	for attempt := 0; ; attempt++ {
+		db, changed, err := openCheckedOnce(path, o)
+		if !changed || err != nil {
+			return db, err
+		}
+		db.Close()
+		if attempt == 2 {
+			return nil, fmt.Errorf("bolt: %s: another process wrote the file each time it was checked", path)
+		}
+	}
+}
+
+// openCheckedOnce is one attempt of openChecked; changed reports that the
+// file's newest transaction was not the one checked.
+func openCheckedOnce(path string, o Options) (db *bbolt.DB, changed bool, err error) {
 	first := scopeOpen
 	if o.Check == CheckNever {
 		first = scopeMeta
@@ -144,34 +165,54 @@ func openChecked(path string, o Options) (*bbolt.DB, error) {
 	if o.Check == CheckAlways {
 		first = scopeAll
 	}
-	checked, err := checkFile(path, first)
+	release, err := holdLock(path, o.ReadOnly, o.LockTimeout)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	db, err := openDB(path, o)
-	if err != nil || o.Check == CheckNever {
-		return db, err
+	m, checked, err := checkFile(path, first)
+	release()
+	if err != nil {
+		return nil, false, err
 	}
-	if !checked {
-		var clean bool
-		if clean, err = stoppedCleanly(db); err == nil && !clean {
-			// Nothing has written the file since the check above: the
-			// pages checked now are the ones bbolt opened.
-			if _, err := checkFile(path, scopeAll); err != nil {
-				db.Close()
-				return nil, err
+	if db, err = openDB(path, o); err != nil {
+		return nil, false, err
+	}
+	fail := func(err error) (*bbolt.DB, bool, error) {
+		db.Close()
+		return nil, false, err
+	}
+	var txid uint64
+	if err := view(db, func(tx *bbolt.Tx) error { txid = uint64(tx.ID()); return nil }); err != nil {
+		return fail(fmt.Errorf("bolt: %s: %w", path, err))
+	}
+	if m.pgid != 0 && txid != m.txid {
+		return db, true, nil
+	}
+	if o.Check == CheckNever {
+		return db, false, nil
+	}
+	if !checked { // a clean stop's file
+		none, err := nothingPending(db)
+		if err != nil {
+			return fail(fmt.Errorf("bolt: %s: %w", path, err))
+		}
+		if !none {
+			// Open reads the pending claims' records, whose pages the
+			// check above left alone. Nothing has written the file
+			// since (bbolt holds its lock): the pages checked now are
+			// the ones bbolt opened.
+			if _, _, err := checkFile(path, scopeAll); err != nil {
+				return fail(err)
 			}
 			checked = true
 		}
 	}
-	if err == nil && checked {
-		err = checkRecords(db)
+	if checked {
+		if err := checkRecords(db); err != nil {
+			return fail(fmt.Errorf("bolt: %s: %w", path, err))
+		}
 	}
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("bolt: %s: %w", path, err)
-	}
-	return db, nil
+	return db, false, nil
 }
 
 func openDB(path string, o Options) (db *bbolt.DB, err error) {
@@ -333,9 +374,11 @@ func (b *Backend) Close() error {
 	close(b.reqs)
 	b.mu.Unlock()
 	<-b.exited
-	// A mark that fails to commit (a full disk) costs only the next Open
-	// a full check.
-	_ = markClean(b.db)
+	// A stamp that fails to be written costs only the next Open a full
+	// check.
+	if b.verified {
+		_ = stamp(b.db.Path())
+	}
 	return b.db.Close()
 }
 

@@ -31,6 +31,7 @@ type meta struct {
 	freelist uint64
 	pgid     uint64 // high-water mark: pages the file must hold
 	txid     uint64
+	at       int64 // the offset of the meta's page in the file
 }
 
 // checkFile refuses, with a clear error, a file that bbolt could not open
@@ -40,47 +41,45 @@ type meta struct {
 //
 // It also verifies the file's structure page by page (verify.go), as far
 // as scope says, before bbolt reads those pages, and reports whether it
-// verified all of them.
-func checkFile(path string, scope scope) (checkedAll bool, err error) {
+// verified all of them, and the meta it checked from.
+func checkFile(path string, scope scope) (m meta, checkedAll bool, err error) {
 	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return false, nil
+		return meta{}, false, nil
 	case err != nil:
-		return false, err
+		return meta{}, false, err
 	case fi.IsDir():
-		return false, fmt.Errorf("bolt: %s is a directory, not a database file", path)
+		return meta{}, false, fmt.Errorf("bolt: %s is a directory, not a database file", path)
 	case !fi.Mode().IsRegular():
-		return false, fmt.Errorf("bolt: %s is not a regular file", path)
+		return meta{}, false, fmt.Errorf("bolt: %s is not a regular file", path)
 	case fi.Size() == 0:
-		return false, nil
+		return meta{}, false, nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return false, err
+		return meta{}, false, err
 	}
 	defer f.Close()
 
-	m, err := readMeta(f)
+	m, err = readMeta(f)
 	switch {
 	case errors.Is(err, errNoMagic):
-		return false, fmt.Errorf("bolt: %s is not a bbolt database: %w", path, err)
+		return meta{}, false, fmt.Errorf("bolt: %s is not a bbolt database: %w", path, err)
 	case err != nil:
-		return false, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+		return meta{}, false, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
 	}
 	if m.pgid > uint64(fi.Size())/uint64(m.pageSize) { // pgid*pageSize could overflow
-		return false, fmt.Errorf("%w: %s is truncated: %d bytes, but its meta page counts %d pages of %d", ErrCorrupt, path, fi.Size(), m.pgid, m.pageSize)
+		return meta{}, false, fmt.Errorf("%w: %s is truncated: %d bytes, but its meta page counts %d pages of %d", ErrCorrupt, path, fi.Size(), m.pgid, m.pageSize)
 	}
 	if m.txid > 1<<62 { // the next commit's id would wrap, and bbolt would free pages in use
-		return false, fmt.Errorf("%w: %s: implausible transaction id %d", ErrCorrupt, path, m.txid)
+		return meta{}, false, fmt.Errorf("%w: %s: implausible transaction id %d", ErrCorrupt, path, m.txid)
 	}
 	if m.root >= m.pgid || (m.freelist >= m.pgid && m.freelist != noFreelist) {
-		return false, fmt.Errorf("%w: %s: meta page points past the end of the file", ErrCorrupt, path)
+		return meta{}, false, fmt.Errorf("%w: %s: meta page points past the end of the file", ErrCorrupt, path)
 	}
-	if scope == scopeOpen && m.freelist == noFreelist {
-		// No freelist: the last commit was not a clean Close (which
-		// writes one), and bbolt will rebuild the list by walking every
-		// page, trusting them.
+	if scope == scopeOpen && !stamped(f, m) {
+		// Not a clean stop's file, or not as that stop left it (clean.go).
 		scope = scopeAll
 	}
 	var err2 error
@@ -91,9 +90,9 @@ func checkFile(path string, scope scope) (checkedAll bool, err error) {
 		err2 = verifyFile(f, m)
 	}
 	if err2 != nil {
-		return false, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err2)
+		return meta{}, false, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err2)
 	}
-	return scope == scopeAll, nil
+	return m, scope == scopeAll, nil
 }
 
 // A scope is how much of a file checkFile verifies.
@@ -102,8 +101,9 @@ type scope int
 const (
 	// scopeMeta: the meta pages, and the file's size against them.
 	scopeMeta scope = iota
-	// scopeOpen: and the pages Open reads through bbolt (the root
-	// bucket, the meta and pending buckets) and the freelist's bounds.
+	// scopeOpen: if the file bears a clean stop's stamp (clean.go), the
+	// pages Open reads through bbolt (the root bucket, the meta and
+	// pending buckets) and the freelist's bounds; else scopeAll.
 	scopeOpen
 	// scopeAll: and every page in use.
 	scopeAll
@@ -156,6 +156,7 @@ func readMetaAt(r io.ReaderAt, off int64) (meta, error) {
 		return meta{}, errors.New("meta page checksum mismatch")
 	}
 	m := meta{
+		at:       off,
 		pageSize: le.Uint32(b[8:]),
 		root:     le.Uint64(b[16:]),
 		freelist: le.Uint64(b[32:]),

@@ -2,10 +2,13 @@ package bolt
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"os"
 	"testing"
+	"time"
 
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	bbolt "go.etcd.io/bbolt"
@@ -13,18 +16,28 @@ import (
 
 // damageRecordsRoot gives the records bucket's root page another page's
 // id, damage that only the whole-file check finds before bbolt trips on
-// it: Open itself never reads that page.
-func damageRecordsRoot(t *testing.T, path string) {
+// it: Open itself never reads that page, unless a claim is pending.
+func damageRecordsRoot(t *testing.T, path string) { damageRoot(t, path, bucketRecords) }
+
+// rootPage is the page id of bucket's root.
+func rootPage(t *testing.T, path string, bucket []byte) uint64 {
 	t.Helper()
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
 	require.NoError(t, err)
+	defer db.Close()
 	var root uint64
 	require.NoError(t, db.View(func(tx *bbolt.Tx) error {
-		root = uint64(tx.Bucket(bucketRecords).RootPage())
+		root = uint64(tx.Bucket(bucket).RootPage())
 		return nil
 	}))
-	require.NoError(t, db.Close())
-	require.NotZero(t, root, "the records bucket is inline: the test needs a page of its own")
+	require.NotZero(t, root, "bucket %s is inline: the test needs a page of its own", bucket)
+	return root
+}
+
+// damageRoot gives bucket's root page another page's id.
+func damageRoot(t *testing.T, path string, bucket []byte) {
+	t.Helper()
+	root := rootPage(t, path, bucket)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	require.NoError(t, err)
 	defer f.Close()
@@ -95,26 +108,25 @@ func TestWriteAfterCleanStopChecksTheWholeFile(t *testing.T) {
 	assert.ErrorIs(t, ro, ErrCorrupt)
 }
 
-// A torn last commit (the clean stop's own meta page unreadable) leaves
-// bbolt the meta before it, which is not the mark's: checked whole.
-func TestTornCleanStopChecksTheWholeFile(t *testing.T) {
+// A torn last commit (the stamped meta page unreadable) leaves bbolt the
+// meta before it, whose page bears no stamp, its own commit having written
+// it whole: the file is checked in full, and opens as that meta left it.
+func TestTornCleanStopIsNotStamped(t *testing.T) {
 	path := recordsFile(t)
-	damageRecordsRoot(t, path)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
-	m0, err := readMetaAt(bytes.NewReader(data), 0)
+	newest, err := readMeta(bytes.NewReader(data))
 	require.NoError(t, err)
-	m1, err := readMetaAt(bytes.NewReader(data), int64(m0.pageSize))
+	require.True(t, stamped(bytes.NewReader(data), newest), "a clean Close stamps its newest meta")
+	data[newest.at+pageHeaderSize+metaSumSize] ^= 0xff // its checksum
+	m, err := readMeta(bytes.NewReader(data))
 	require.NoError(t, err)
-	newest := 0
-	if m1.txid > m0.txid {
-		newest = int(m0.pageSize)
-	}
-	data[newest+pageHeaderSize+metaSumSize] ^= 0xff // its checksum
+	require.Less(t, m.txid, newest.txid, "bbolt's fallback is the older meta")
+	assert.False(t, stamped(bytes.NewReader(data), m), "the older meta bears a stamp")
 	require.NoError(t, os.WriteFile(path, data, 0o600))
 	rw, ro := opens(t, path, CheckUnclean)
-	assert.ErrorIs(t, rw, ErrCorrupt)
-	assert.ErrorIs(t, ro, ErrCorrupt)
+	assert.NoError(t, rw, "the older meta's file is whole")
+	assert.NoError(t, ro)
 }
 
 // After a clean stop, the pages Open reads through bbolt itself are
@@ -130,4 +142,79 @@ func TestCleanStopChecksWhatOpenReads(t *testing.T) {
 	rw, ro := opens(t, path, CheckUnclean)
 	assert.ErrorIs(t, rw, ErrCorrupt)
 	assert.ErrorIs(t, ro, ErrCorrupt)
+}
+
+// A claim pending at a clean Close (work in flight at shutdown) makes
+// Open read its record through bbolt: such a file is checked in full.
+// (The hostile review crashed the process here: a records page pointing
+// at itself overflowed bbolt's stack.)
+func TestCleanStopWithPendingClaimChecksTheWholeFile(t *testing.T) {
+	path := recordsFile(t)
+	b, err := Open(path, nil)
+	require.NoError(t, err)
+	_, won, err := b.Claim(context.Background(), backend.Record{Key: "in-flight", Token: "p", State: backend.StatePending}, time.Now(), time.Minute)
+	require.NoError(t, err)
+	require.True(t, won)
+	require.NoError(t, b.Close())
+	damageRecordsRoot(t, path)
+	rw, ro := opens(t, path, CheckUnclean)
+	assert.ErrorIs(t, rw, ErrCorrupt)
+	assert.ErrorIs(t, ro, ErrCorrupt)
+}
+
+// A freelist damaged after a clean Close (it names a live page, which the
+// first commit would write over: records lost, keys run again) fails the
+// stamp's digest, and the whole check refuses the file.
+func TestCleanStopWithDamagedFreelistChecksTheWholeFile(t *testing.T) {
+	path := recordsFile(t)
+	live := rootPage(t, path, bucketRecords)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	m, err := readMeta(bytes.NewReader(data))
+	require.NoError(t, err)
+	require.NotEqual(t, uint64(noFreelist), m.freelist)
+	off := m.freelist * uint64(m.pageSize)
+	binary.NativeEndian.PutUint16(data[off+10:], 1)    // one free page,
+	binary.NativeEndian.PutUint64(data[off+16:], live) // and it is in use
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+	rw, ro := opens(t, path, CheckUnclean)
+	assert.ErrorIs(t, rw, ErrCorrupt)
+	assert.ErrorIs(t, ro, ErrCorrupt)
+}
+
+// A session opened with CheckNever vouches for nothing: its Close does
+// not stamp the file, so the next default Open checks it in full.
+func TestCheckNeverDoesNotStampTheFile(t *testing.T) {
+	path := recordsFile(t)
+	crashAt(t, path, "in-fn")
+	damageRoot(t, path, bucketExpiry)
+	b, err := Open(path, &Options{Check: CheckNever})
+	require.NoError(t, err, "CheckNever, and Open reads nothing of the expiry index")
+	require.NoError(t, b.Close())
+	rw, ro := opens(t, path, CheckUnclean)
+	assert.ErrorIs(t, rw, ErrCorrupt)
+	assert.ErrorIs(t, ro, ErrCorrupt)
+}
+
+// The stamp is on the newest meta page only until the next commit: a
+// writer's Open (it marks nothing here, but commits its buckets' check)
+// and a clean Close stamp again, and a commit by another program erases it.
+func TestStampHoldsOnlyUntilTheNextCommit(t *testing.T) {
+	path := recordsFile(t)
+	stampedNow := func() bool {
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		defer f.Close()
+		m, err := readMeta(f)
+		require.NoError(t, err)
+		return stamped(f, m)
+	}
+	require.True(t, stampedNow(), "a clean Close stamps the file")
+	db, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put([]byte("operator"), []byte("was here"))
+	}))
+	require.NoError(t, db.Close())
+	assert.False(t, stampedNow(), "a commit left the stamp standing")
 }

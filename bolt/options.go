@@ -41,7 +41,7 @@ type Options struct {
 	// the file. Whatever Check says, Open checks the meta pages and the
 	// pages it reads itself (the root, meta and pending buckets). The zero
 	// value, CheckUnclean, checks the whole file unless this package's
-	// Close was the last to write it.
+	// Close was the last to write it, with no claim pending.
 	Check Check
 
 	// noSync skips fsync: for tests that measure memory, not durability.
@@ -53,9 +53,11 @@ type Check int
 
 const (
 	// CheckUnclean checks the whole file unless its last write was a
-	// clean Close: after a process was killed or a machine crashed with
-	// the file open, after a torn last commit, and after another program
-	// wrote it. A file closed cleanly starts in a time that does not grow
+	// clean Close, with no claim pending, of a session that had checked
+	// it: after a process was killed or a machine crashed with the file
+	// open, after a torn last commit, after another program wrote it,
+	// after damage to its freelist, and after a session opened with
+	// CheckNever. A file closed cleanly starts in a time that does not grow
 	// with it. Damage done to a closed file (a failing disk, a bad copy)
 	// is then not looked for: run "idem check FILE" on a file you doubt,
 	// or open it with CheckAlways.

@@ -105,6 +105,10 @@ func compact(path string) error {
 	return os.Rename(path+".compact", path)
 }
 
+// held keeps the child's tickets reachable: a Ticket dropped unfinished
+// is released by its finalizer, which would free its claim before the kill.
+var held []*idem.Ticket[[]byte]
+
 // boltChild opens the file, claims keys it never settles, says so on
 // stdout, and waits to be killed.
 func boltChild(path string) error {
@@ -114,11 +118,11 @@ func boltChild(path string) error {
 	}
 	s := idem.New[[]byte](idem.Options{Backend: b, SweepInterval: -1})
 	for i := range 100 {
-		// The tickets are never finished: the claims stay pending until
-		// the kill.
-		if _, err := s.Begin(context.Background(), fmt.Sprintf("held-%d-%d", os.Getpid(), i), nil); err != nil {
+		t, err := s.Begin(context.Background(), fmt.Sprintf("held-%d-%d", os.Getpid(), i), nil)
+		if err != nil {
 			return err
 		}
+		held = append(held, t)
 	}
 	fmt.Println("ready")
 	select {}

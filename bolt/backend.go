@@ -78,6 +78,10 @@ var (
 	formatVersion = []byte{1}
 )
 
+// testHookAfterCheck, if set, runs between Open's check and bbolt.Open,
+// for the tests of a file replaced in between.
+var testHookAfterCheck func()
+
 // testHookBeforeComplete, if set, runs as Complete starts, before anything is
 // written. Crash tests use it to stop a process after fn returned and before
 // its outcome is recorded.
@@ -92,6 +96,7 @@ type Backend struct {
 	// verified: Open checked the file, in full or as a clean stop's, so
 	// Close may stamp it clean (clean.go); not with CheckNever.
 	verified bool
+	file     *os.File // the descriptor bbolt holds the file open with
 
 	mu     sync.RWMutex
 	closed bool          // guarded by mu
@@ -115,7 +120,7 @@ func Open(path string, opts *Options) (*Backend, error) {
 	if o.ReadOnly {
 		return openReadOnly(path, o)
 	}
-	db, err := openChecked(path, o)
+	db, file, err := openChecked(path, o)
 	if err != nil {
 		return nil, err
 	}
@@ -129,6 +134,7 @@ func Open(path string, opts *Options) (*Backend, error) {
 	}
 	b := &Backend{
 		db:          db,
+		file:        file,
 		verified:    o.Check != CheckNever,
 		interrupted: n,
 		reqs:        make(chan *request, o.MaxBatch),
@@ -142,22 +148,22 @@ func Open(path string, opts *Options) (*Backend, error) {
 // the pages bbolt reads at once have passed. The check runs under the
 // file's lock (holdLock); if another process wrote the file between the
 // check and bbolt's taking of the lock, it checks again.
-func openChecked(path string, o Options) (*bbolt.DB, error) {
+func openChecked(path string, o Options) (*bbolt.DB, *os.File, error) {
 	for attempt := 0; ; attempt++ {
-		db, changed, err := openCheckedOnce(path, o)
+		db, file, changed, err := openCheckedOnce(path, o)
 		if !changed || err != nil {
-			return db, err
+			return db, file, err
 		}
 		db.Close()
 		if attempt == 2 {
-			return nil, fmt.Errorf("bolt: %s: another process wrote the file each time it was checked", path)
+			return nil, nil, fmt.Errorf("%w: %s: another process wrote or replaced the file each time it was checked", ErrLocked, path)
 		}
 	}
 }
 
 // openCheckedOnce is one attempt of openChecked; changed reports that the
 // file's newest transaction was not the one checked.
-func openCheckedOnce(path string, o Options) (db *bbolt.DB, changed bool, err error) {
+func openCheckedOnce(path string, o Options) (db *bbolt.DB, file *os.File, changed bool, err error) {
 	first := scopeOpen
 	if o.Check == CheckNever {
 		first = scopeMeta
@@ -165,31 +171,54 @@ func openCheckedOnce(path string, o Options) (db *bbolt.DB, changed bool, err er
 	if o.Check == CheckAlways {
 		first = scopeAll
 	}
-	release, err := holdLock(path, o.ReadOnly, o.LockTimeout)
+	locked, err := holdLock(path, o.ReadOnly, o.LockTimeout)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	m, checked, err := checkFile(path, first)
-	release()
+	var m meta
+	var checked bool
+	var before os.FileInfo
+	if locked != nil {
+		m, checked, err = checkFile(path, first, locked)
+		if err == nil {
+			before, err = locked.Stat()
+		}
+		locked.Close() // drops the lock, for bbolt to take
+		if err != nil {
+			return nil, nil, false, err
+		}
+	}
+	if testHookAfterCheck != nil {
+		testHookAfterCheck()
+	}
+	db, file, err = openDB(path, o)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	if db, err = openDB(path, o); err != nil {
-		return nil, false, err
-	}
-	fail := func(err error) (*bbolt.DB, bool, error) {
+	fail := func(err error) (*bbolt.DB, *os.File, bool, error) {
 		db.Close()
-		return nil, false, err
+		return nil, nil, false, err
 	}
+	// bbolt must have opened the file checked, as it was: not one renamed
+	// over it, nor one another process wrote in between. A file that was
+	// missing or empty must be bbolt's new one.
 	var txid uint64
-	if err := view(db, func(tx *bbolt.Tx) error { txid = uint64(tx.ID()); return nil }); err != nil {
+	var size int64
+	if err := view(db, func(tx *bbolt.Tx) error { txid, size = uint64(tx.ID()), tx.Size(); return nil }); err != nil {
 		return fail(fmt.Errorf("bolt: %s: %w", path, err))
 	}
-	if m.pgid != 0 && txid != m.txid {
-		return db, true, nil
+	now, err := file.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	switch {
+	case m.pgid == 0 && size > int64(4*db.Info().PageSize): // more than bbolt's first four pages
+		return db, file, true, nil
+	case m.pgid != 0 && (txid != m.txid || !os.SameFile(before, now)):
+		return db, file, true, nil
 	}
 	if o.Check == CheckNever {
-		return db, false, nil
+		return db, file, false, nil
 	}
 	if !checked { // a clean stop's file
 		none, err := nothingPending(db)
@@ -201,7 +230,7 @@ func openCheckedOnce(path string, o Options) (db *bbolt.DB, changed bool, err er
 			// check above left alone. Nothing has written the file
 			// since (bbolt holds its lock): the pages checked now are
 			// the ones bbolt opened.
-			if _, _, err := checkFile(path, scopeAll); err != nil {
+			if _, _, err := checkFile(path, scopeAll, file); err != nil {
 				return fail(err)
 			}
 			checked = true
@@ -212,13 +241,14 @@ func openCheckedOnce(path string, o Options) (db *bbolt.DB, changed bool, err er
 			return fail(fmt.Errorf("bolt: %s: %w", path, err))
 		}
 	}
-	return db, false, nil
+	return db, file, false, nil
 }
 
-func openDB(path string, o Options) (db *bbolt.DB, err error) {
+// openDB opens the file with bbolt, and returns the *os.File bbolt reads
+// and writes it through.
+func openDB(path string, o Options) (db *bbolt.DB, file *os.File, err error) {
 	// bbolt does not close the file if it panics on a damaged one; keep hold
 	// of it to close it, and so drop its lock, here.
-	var file *os.File
 	defer func() {
 		if err != nil && db == nil && file != nil {
 			file.Close()
@@ -246,13 +276,13 @@ func openDB(path string, o Options) (db *bbolt.DB, err error) {
 	})
 	switch {
 	case errors.Is(err, berrors.ErrTimeout):
-		return nil, fmt.Errorf("%w: %s (waited %v)", ErrLocked, path, o.LockTimeout)
+		return nil, nil, fmt.Errorf("%w: %s (waited %v)", ErrLocked, path, o.LockTimeout)
 	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrVersionMismatch):
-		return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+		return nil, nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
 	case err != nil:
-		return nil, fmt.Errorf("bolt: opening %s: %w", path, err)
+		return nil, nil, fmt.Errorf("bolt: opening %s: %w", path, err)
 	}
-	return db, nil
+	return db, file, nil
 }
 
 // openReadOnly opens an existing idem file for reading only: it writes
@@ -267,7 +297,7 @@ func openReadOnly(path string, o Options) (*Backend, error) {
 	case fi.Size() == 0:
 		return nil, fmt.Errorf("%w: %s is empty", ErrNotIdem, path)
 	}
-	db, err := openChecked(path, o)
+	db, _, err := openChecked(path, o)
 	if err != nil {
 		return nil, err
 	}
@@ -377,7 +407,7 @@ func (b *Backend) Close() error {
 	// A stamp that fails to be written costs only the next Open a full
 	// check.
 	if b.verified {
-		_ = stamp(b.db.Path())
+		_ = stamp(b.file) // through bbolt's own descriptor: the file it holds, not the path's
 	}
 	return b.db.Close()
 }

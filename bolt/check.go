@@ -41,9 +41,16 @@ type meta struct {
 //
 // It also verifies the file's structure page by page (verify.go), as far
 // as scope says, before bbolt reads those pages, and reports whether it
-// verified all of them, and the meta it checked from.
-func checkFile(path string, scope scope) (m meta, checkedAll bool, err error) {
-	fi, err := os.Stat(path)
+// verified all of them, and the meta it checked from. f, if not nil, is
+// the file at path, opened (and locked) by the caller; else checkFile
+// opens path itself.
+func checkFile(path string, scope scope, f *os.File) (m meta, checkedAll bool, err error) {
+	var fi os.FileInfo
+	if f != nil {
+		fi, err = f.Stat()
+	} else {
+		fi, err = os.Stat(path)
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return meta{}, false, nil
@@ -56,11 +63,12 @@ func checkFile(path string, scope scope) (m meta, checkedAll bool, err error) {
 	case fi.Size() == 0:
 		return meta{}, false, nil
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return meta{}, false, err
+	if f == nil {
+		if f, err = os.Open(path); err != nil {
+			return meta{}, false, err
+		}
+		defer f.Close()
 	}
-	defer f.Close()
 
 	m, err = readMeta(f)
 	switch {

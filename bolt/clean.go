@@ -14,9 +14,11 @@ import (
 // A clean stop is stamped on the file's newest meta page, past the bytes
 // bbolt uses of it (a page header and a 64-byte meta): Close writes, once
 // its last commit is on disk and while it still holds the file's lock, the
-// stamp's magic, that meta's transaction id, and a SHA-256 of the freelist's
-// pages, which Open could not otherwise check without reading every page,
-// and which bbolt allocates from at its first commit. bbolt writes a meta
+// stamp's magic, that meta's transaction id, and a SHA-256 of the meta and
+// of the freelist's pages, which Open could not otherwise check without
+// reading every page, and which bbolt allocates from at its first commit.
+// Close writes it through bbolt's own descriptor, so it lands on the file
+// this process checked and holds, whatever is at the path by then. bbolt writes a meta
 // page whole, the rest of the page zeroed, at every commit: the next commit
 // to that slot erases the stamp, and one to the other slot makes a newer
 // meta that bears none. So a stamp holds only if nothing has written the
@@ -26,7 +28,9 @@ import (
 //
 // Close stamps only a file that its Open checked in full or found stamped
 // (Backend.verified), so a session opened with CheckNever cannot vouch for
-// a file nobody checked.
+// a file nobody checked. A change made to a closed file without a commit
+// (bbolt's surgery on data pages, a failing disk) is damage to a closed
+// file, which a stamped file's Open does not look for: see Options.Check.
 const stampAt = 512 // within the meta page; bbolt's meta ends at byte 80
 
 var stampMagic = []byte("idem:clean-stop\x00")
@@ -34,19 +38,17 @@ var stampMagic = []byte("idem:clean-stop\x00")
 // stampLen is the stamp's size: magic, transaction id, freelist digest.
 const stampLen = 16 + 8 + sha256.Size
 
-// stamp writes the clean-stop stamp on the newest meta page of the file
-// at path, and syncs it.
-func stamp(path string) error {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
+// stamp writes the clean-stop stamp on the newest meta page of f, the file
+// bbolt holds open and locked, and syncs it.
+func stamp(f *os.File) error {
 	m, err := readMeta(f)
 	if err != nil {
 		return err
 	}
-	sum, err := freelistSum(f, m)
+	if m.pageSize < stampAt+stampLen {
+		return nil
+	}
+	sum, err := stampSum(f, m)
 	if err != nil {
 		return err
 	}
@@ -67,14 +69,16 @@ func stamped(r io.ReaderAt, m meta) bool {
 	if _, err := r.ReadAt(got[:], m.at+stampAt); err != nil {
 		return false
 	}
-	sum, err := freelistSum(r, m)
+	sum, err := stampSum(r, m)
 	return err == nil && bytes.Equal(got[:16], stampMagic) &&
 		binary.BigEndian.Uint64(got[16:]) == m.txid && bytes.Equal(got[24:], sum[:])
 }
 
-// freelistSum is the SHA-256 of the freelist's pages, its overflow pages
-// included.
-func freelistSum(r io.ReaderAt, m meta) ([sha256.Size]byte, error) {
+// stampSum is the SHA-256 of the meta m (all of its fields, so that a meta
+// rewritten with another root or page count, as bbolt's surgery tool can,
+// is not taken for the stamped one) and of the freelist's pages, their
+// overflow pages included.
+func stampSum(r io.ReaderAt, m meta) ([sha256.Size]byte, error) {
 	var hdr [pageHeaderSize]byte
 	ps := int64(m.pageSize)
 	if _, err := r.ReadAt(hdr[:], int64(m.freelist)*ps); err != nil {
@@ -85,6 +89,9 @@ func freelistSum(r io.ReaderAt, m meta) ([sha256.Size]byte, error) {
 		return [sha256.Size]byte{}, fmt.Errorf("freelist page %d: %d overflow pages run past the end", m.freelist, overflow)
 	}
 	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(r, m.at+pageHeaderSize, metaSize)); err != nil {
+		return [sha256.Size]byte{}, err
+	}
 	if _, err := io.Copy(h, io.NewSectionReader(r, int64(m.freelist)*ps, int64(overflow+1)*ps)); err != nil {
 		return [sha256.Size]byte{}, err
 	}

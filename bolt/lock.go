@@ -11,18 +11,24 @@ import (
 	"time"
 )
 
-// holdLock takes, on a descriptor of its own, the lock bbolt takes on the
-// file (flock: shared to read, exclusive to write), so that the check of a
-// file runs while no writer has it: a check that read a live writer's
-// pages mid-commit would call a sound file corrupt. It waits up to timeout,
-// then fails with ErrLocked; a missing file is not locked. The caller must
-// release it before bbolt.Open, which takes the same lock on its own
-// descriptor (flock locks are per open file, not per process) and checks,
-// once it holds it, that nobody wrote in between (sameTxid).
-func holdLock(path string, readOnly bool, timeout time.Duration) (release func(), err error) {
-	f, err := os.Open(path)
+// holdLock opens the file at path and takes, on that descriptor, the lock
+// bbolt takes on the file (flock: shared to read, exclusive to write), so
+// that the check of a file runs, on that descriptor, while no writer has
+// it: a check that read a live writer's pages mid-commit would call a
+// sound file corrupt. It waits up to timeout, then fails with ErrLocked; a
+// missing file gives a nil file, not locked. Closing the file drops the
+// lock, which the caller must do before bbolt.Open, which takes the same
+// lock on its own descriptor (flock locks are per open file, not per
+// process); openCheckedOnce then checks that bbolt opened the same file,
+// unchanged.
+func holdLock(path string, readOnly bool, timeout time.Duration) (*os.File, error) {
+	flag := os.O_RDWR // an exclusive lock over NFS needs a descriptor open for writing
+	if readOnly {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(path, flag, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return func() {}, nil
+		return nil, nil
 	}
 	if err != nil {
 		return nil, err
@@ -35,7 +41,7 @@ func holdLock(path string, readOnly bool, timeout time.Duration) (release func()
 	for {
 		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
 		if err == nil {
-			return func() { f.Close() }, nil // closing drops the lock
+			return f, nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) || !time.Now().Before(deadline) {
 			f.Close()

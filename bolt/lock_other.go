@@ -2,9 +2,24 @@
 
 package bolt
 
-import "time"
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"time"
+)
 
-// holdLock does nothing where flock is not: bbolt's own lock, taken at
-// bbolt.Open, is all there is, and a check may read a live writer's pages
-// (openChecked checks again if the file changed meanwhile).
-func holdLock(string, bool, time.Duration) (func(), error) { return func() {}, nil }
+// holdLock opens the file at path but locks nothing where flock is not:
+// bbolt's own lock, taken at bbolt.Open, is all there is, so a check may
+// read a live writer's pages, and call a sound file corrupt.
+func holdLock(path string, readOnly bool, _ time.Duration) (*os.File, error) {
+	flag := os.O_RDWR
+	if readOnly {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return f, err
+}

@@ -56,9 +56,10 @@ const (
 	// clean Close, with no claim pending, of a session that had checked
 	// it: after a process was killed or a machine crashed with the file
 	// open, after a torn last commit, after another program wrote it,
-	// after damage to its freelist, and after a session opened with
-	// CheckNever. A file closed cleanly starts in a time that does not grow
-	// with it. Damage done to a closed file (a failing disk, a bad copy)
+	// after damage to its meta or its freelist, and after a session
+	// opened with CheckNever. A file closed cleanly starts in a time that
+	// does not grow with it. A change made to a closed file without a
+	// commit (a failing disk, a bad copy, bbolt's surgery on data pages)
 	// is then not looked for: run "idem check FILE" on a file you doubt,
 	// or open it with CheckAlways.
 	CheckUnclean Check = iota

@@ -43,6 +43,9 @@ func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 // that lost a conflict with another: a serialization failure or a
 // deadlock.
 func conflicted(err error) bool {
+	if err == nil {
+		return false // before pe, which escapes: no allocation on success
+	}
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }

@@ -67,6 +67,15 @@ func opens(t *testing.T, path string, check Check) (rw, ro error) {
 	return rw, ro
 }
 
+// refusedByDefault asserts that Open and a read-only Open, with the
+// default CheckUnclean, each refuse a copy of the file at path as corrupt.
+func refusedByDefault(t *testing.T, path string) {
+	t.Helper()
+	rw, ro := opens(t, path, CheckUnclean)
+	assert.ErrorIs(t, rw, ErrCorrupt, "Open")
+	assert.ErrorIs(t, ro, ErrCorrupt, "a read-only Open")
+}
+
 // After a clean Close, Open does not read the whole file again: damage
 // done to the closed file outside the pages Open reads goes unseen by the
 // default, CheckUnclean, and is ErrCorrupt with CheckAlways. (That is the
@@ -87,9 +96,7 @@ func TestUncleanStopChecksTheWholeFile(t *testing.T) {
 	path := recordsFile(t)
 	crashAt(t, path, "in-fn")
 	damageRecordsRoot(t, path)
-	rw, ro := opens(t, path, CheckUnclean)
-	assert.ErrorIs(t, rw, ErrCorrupt)
-	assert.ErrorIs(t, ro, ErrCorrupt)
+	refusedByDefault(t, path)
 }
 
 // A file another program wrote after a clean Close is checked whole: its
@@ -103,9 +110,7 @@ func TestWriteAfterCleanStopChecksTheWholeFile(t *testing.T) {
 	}))
 	require.NoError(t, db.Close())
 	damageRecordsRoot(t, path)
-	rw, ro := opens(t, path, CheckUnclean)
-	assert.ErrorIs(t, rw, ErrCorrupt)
-	assert.ErrorIs(t, ro, ErrCorrupt)
+	refusedByDefault(t, path)
 }
 
 // A torn last commit (the stamped meta page unreadable) leaves bbolt the
@@ -139,9 +144,7 @@ func TestCleanStopChecksWhatOpenReads(t *testing.T) {
 	require.NoError(t, err)
 	binary.NativeEndian.PutUint64(data[m.root*uint64(m.pageSize):], 0xdeadbeef) // the root bucket's page
 	require.NoError(t, os.WriteFile(path, data, 0o600))
-	rw, ro := opens(t, path, CheckUnclean)
-	assert.ErrorIs(t, rw, ErrCorrupt)
-	assert.ErrorIs(t, ro, ErrCorrupt)
+	refusedByDefault(t, path)
 }
 
 // A claim pending at a clean Close (work in flight at shutdown) makes
@@ -157,9 +160,7 @@ func TestCleanStopWithPendingClaimChecksTheWholeFile(t *testing.T) {
 	require.True(t, won)
 	require.NoError(t, b.Close())
 	damageRecordsRoot(t, path)
-	rw, ro := opens(t, path, CheckUnclean)
-	assert.ErrorIs(t, rw, ErrCorrupt)
-	assert.ErrorIs(t, ro, ErrCorrupt)
+	refusedByDefault(t, path)
 }
 
 // A freelist damaged after a clean Close (it names a live page, which the
@@ -177,9 +178,7 @@ func TestCleanStopWithDamagedFreelistChecksTheWholeFile(t *testing.T) {
 	binary.NativeEndian.PutUint16(data[off+10:], 1)    // one free page,
 	binary.NativeEndian.PutUint64(data[off+16:], live) // and it is in use
 	require.NoError(t, os.WriteFile(path, data, 0o600))
-	rw, ro := opens(t, path, CheckUnclean)
-	assert.ErrorIs(t, rw, ErrCorrupt)
-	assert.ErrorIs(t, ro, ErrCorrupt)
+	refusedByDefault(t, path)
 }
 
 // A session opened with CheckNever vouches for nothing: its Close does
@@ -191,9 +190,7 @@ func TestCheckNeverDoesNotStampTheFile(t *testing.T) {
 	b, err := Open(path, &Options{Check: CheckNever})
 	require.NoError(t, err, "CheckNever, and Open reads nothing of the expiry index")
 	require.NoError(t, b.Close())
-	rw, ro := opens(t, path, CheckUnclean)
-	assert.ErrorIs(t, rw, ErrCorrupt)
-	assert.ErrorIs(t, ro, ErrCorrupt)
+	refusedByDefault(t, path)
 }
 
 // The stamp is on the newest meta page only until the next commit: a

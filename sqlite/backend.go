@@ -9,6 +9,14 @@
 // compare the claim's token in their WHERE clause, so a stale owner can
 // never write over a newer claim.
 //
+// A process's writes share transactions: while one is built or committed,
+// the writes that arrive queue for the next, which commits them all with
+// one fsync (16 callers make about 3.7 times the new keys a second that
+// they made one commit each: bench/README.md). A caller that leaves while
+// its write is queued is refused with nothing written; one that failed is
+// taken back with its whole transaction, and the others are run again
+// without it. RunOnceTx keeps a transaction of its own.
+//
 // Time is the Store's clock (Options.Now), as for bolt: every process that
 // shares the file runs on the same machine, so they share a clock. A claim
 // whose lease lapsed (its process died, or stopped renewing) is reported
@@ -59,12 +67,17 @@ type Backend struct {
 	table string
 	q     queries
 
-	// write is a one-slot semaphore that this process's writes take in
-	// turn: they queue here, where a waiter wakes as soon as the lock is
-	// free and its ctx can end the wait, rather than in SQLite's busy
-	// handler, which sleeps in steps of up to 100 ms. Writes from other
-	// processes still meet in the busy handler.
+	// write is a one-slot semaphore, the process's write turn: the
+	// committer takes it for each shared transaction, RunOnceTx and the
+	// migration for their own. They queue here, where a waiter wakes as
+	// soon as the lock is free and its ctx can end the wait, rather than
+	// in SQLite's busy handler, which sleeps in steps of up to 100 ms.
+	// Writes from other processes still meet in the busy handler.
 	write chan struct{}
+
+	qmu        sync.Mutex
+	queue      []*writeReq // guarded by qmu; the writes waiting for the committer, in order
+	committing bool        // guarded by qmu; whether a committer is running (it ends when queue is empty)
 
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt // guarded by mu; statements prepared so far, by their SQL
@@ -214,8 +227,9 @@ func nanos(t time.Time) any {
 	return t.UnixNano()
 }
 
-// Claim claims rec.Key in one transaction: the insert that wins, or the
-// record that stands, taken over if it expired at now.
+// Claim claims rec.Key, in a transaction it may share with other writes:
+// the insert that wins, or the record that stands, taken over if it
+// expired at now.
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, lease time.Duration) (backend.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		// Nothing sent: a refusal (backend.ErrRefused), which the Store
@@ -233,8 +247,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 	}
 	var got backend.Record
 	won := false
-	err := b.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
+	err := b.do(ctx, func(ctx context.Context, tx *sql.Tx) (err error) {
 		got, won, err = b.claimIn(ctx, tx, rec.Key, rec.Fingerprint, rec.Token, now, leaseUntil)
 		return err
 	})

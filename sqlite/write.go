@@ -81,30 +81,19 @@ func (b *Backend) lock(ctx context.Context) error {
 
 func (b *Backend) unlock() { <-b.write }
 
-// exec runs one writing statement under the write semaphore and returns
-// how many rows it changed.
+// exec runs one writing statement in the next shared transaction, and
+// returns how many rows it changed once that has committed.
 func (b *Backend) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	if err := b.lock(ctx); err != nil {
-		return 0, err
-	}
-	defer b.unlock()
-	st, err := b.prepared(ctx, query)
-	if err != nil {
-		return 0, err
-	}
 	var n int64
-	err = whileBusy(ctx, func() error {
-		res, err := st.ExecContext(ctx, args...)
-		if err == nil {
-			n, err = res.RowsAffected()
-		}
+	err := b.do(ctx, func(ctx context.Context, tx *sql.Tx) (err error) {
+		n, err = b.execIn(ctx, tx, query, args...)
 		return err
 	})
-	return n, closedErr(err)
+	return n, err
 }
 
-// inTx runs fn in a transaction under the write semaphore, and commits it
-// if fn returns nil. fn's first statement should write, so that the
+// inTx runs fn in a transaction of its own, in the process's write turn,
+// and commits it if fn returns nil. fn's first statement should write, so that the
 // transaction takes the write lock at once, whatever the driver's BEGIN.
 func (b *Backend) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
 	if err := b.lock(ctx); err != nil {

@@ -223,8 +223,10 @@ func (w *world) check(c *modelCall) string {
 		} else {
 			w.hold(c.key, forever) // until it is recorded, after a heal
 			// A claim that may have been lost while the call ran (a
-			// clock step, a renew outage, a drop) pins nothing sure.
-			sure := w.unpins.Load() == c.unpins0 && (err == nil || idem.IsFinal(err))
+			// clock step, a renew outage, a drop), or that will be (its
+			// store's renewals fail, since before the call), pins nothing
+			// sure.
+			sure := w.unpins.Load() == c.unpins0 && (err == nil || idem.IsFinal(err)) && !c.ms.f.renewalsFail()
 			if sure && (!c.ms.killed && !c.ms.closed.Load() && !strings.HasPrefix(c.via, "Begin/") || c.via == "Begin/finish") {
 				w.mu.Lock()
 				w.pins[c.key] = pin{store: c.ms.id, value: c.val.N, payload: c.payload}

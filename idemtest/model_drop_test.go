@@ -84,3 +84,33 @@ func TestModelLostClaimInFinishPinsNothing(t *testing.T) {
 		t.Fatalf("a correct answer judged a violation: %s\n%s", msg, w.hist.trace())
 	}
 }
+
+// A store whose renewals fail (since before the call) pins an outcome it
+// could not record: its lease lapses, and a store with RetryInterrupted
+// rightly takes the interrupted key and runs it again; the first store,
+// once its write finds the claim in other hands, answers the backend's
+// outcome. The model once held it to its pin (found by TestModel on
+// postgres, seed 14398030134447440239, shrunk to this).
+func TestModelPinWithoutRenewalsBindsNothing(t *testing.T) {
+	w := dropWorld(t)
+	w.opts.RetryInterrupted = true
+	w.stores = []*modelStore{w.open(0), w.open(1)}
+	ms, other, key := w.stores[0], w.stores[1], w.key(0)
+	ms.f.setUntil("Renew")
+	w.failNextClaim(ms)
+	run := func(ms *modelStore) string {
+		return callNow(w, &modelCall{ms: ms, via: "RunOnce", key: key, payload: "p", p: plan{end: "ok"}, timeout: modelCallCtx})
+	}
+	if msg := run(ms); msg != "" {
+		t.Fatalf("first call: %s\n%s", msg, w.hist.trace())
+	}
+	time.Sleep(modelLease * 3 / 2) // the lease lapses: no renewal gets through
+	if msg := run(other); msg != "" {
+		t.Fatalf("the other store: %s\n%s", msg, w.hist.trace())
+	}
+	w.heal()
+	time.Sleep(2 * time.Second) // the background write finds the claim in other hands
+	if msg := run(ms); msg != "" {
+		t.Fatalf("a correct answer judged a violation: %s\n%s", msg, w.hist.trace())
+	}
+}

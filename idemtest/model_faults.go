@@ -127,6 +127,14 @@ func (f *faults) failsToken(token string) bool {
 	return slices.Contains(f.tokens, token)
 }
 
+// renewalsFail reports whether this store's renewals cannot get through:
+// a claim it wins now loses its lease, so an outcome it pins is not sure.
+func (f *faults) renewalsFail() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.killed || f.silent || f.until["Renew"]
+}
+
 // active reports whether any fault is planned, a kill included.
 func (f *faults) active() bool {
 	f.mu.Lock()

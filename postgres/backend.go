@@ -32,12 +32,11 @@ package postgres
 
 import (
 	"context"
-	"crypto/sha256"
 	_ "embed"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -71,6 +70,11 @@ type Options struct {
 type Backend struct {
 	pool *pgxpool.Pool
 	q    queries
+
+	// ttl is the TTL, in microseconds, of the last Complete: a claim's
+	// sweep_at is its instant plus ttl, since its Complete will most
+	// likely send the same. Zero before the first.
+	ttl atomic.Int64
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -94,110 +98,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backend, error
 	table := pgx.Identifier(parts).Sanitize()
 	b := &Backend{pool: pool, q: newQueries(table)}
 	if !opts.NoMigrate {
-		if err := migrate(ctx, pool, table, indexName(name)); err != nil {
+		if err := migrate(ctx, pool, table, name); err != nil {
 			return nil, fmt.Errorf("postgres: creating table %s: %w", table, err)
 		}
 	}
 	return b, nil
-}
-
-// maxIdentifier is the longest identifier PostgreSQL keeps (NAMEDATALEN-1);
-// it truncates longer ones.
-const maxIdentifier = 63
-
-// indexName is the expiry index's name for table name: name_expiry, or,
-// when that would be truncated (and could then be another table's index's
-// name), a prefix of it and a hash of the whole name.
-func indexName(name string) string {
-	idx := strings.ReplaceAll(name, ".", "_") + "_expiry"
-	if len(idx) <= maxIdentifier {
-		return idx
-	}
-	sum := sha256.Sum256([]byte(name))
-	suffix := fmt.Sprintf("_%x_expiry", sum[:6])
-	cut := maxIdentifier - len(suffix)
-	for cut > 0 && !utf8.RuneStart(idx[cut]) { // never half a character
-		cut--
-	}
-	return idx[:cut] + suffix
-}
-
-// migrate creates the table and its index, and adds the steps column to a
-// table made before it, under a transaction-scoped advisory lock named
-// after the table, so that replicas starting together take turns: CREATE
-// ... IF NOT EXISTS alone is not safe to run concurrently (two sessions can
-// both find the type absent and collide on the catalog's unique index). The
-// one that waits sees, with a fresh snapshot, that the table is there.
-func migrate(ctx context.Context, pool *pgxpool.Pool, table, idx string) error {
-	index := pgx.Identifier{idx}.Sanitize()
-	// Read committed, whatever the session default: each statement after
-	// the lock must see what the replica that held it before created.
-	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "idem migrate "+table); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, createSQL(table, index)); err != nil {
-			return err
-		}
-		// IF NOT EXISTS skips an index of that name on another table: the
-		// sweep would then scan this one whole.
-		var ours bool
-		if err := tx.QueryRow(ctx, `SELECT indrelid = $1::text::regclass FROM pg_index WHERE indexrelid = (
-    SELECT c.oid FROM pg_class c WHERE c.relname = $2 AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::text::regclass))`,
-			table, idx).Scan(&ours); err != nil {
-			return fmt.Errorf("finding its index %s: %w", index, err)
-		}
-		if !ours {
-			return fmt.Errorf("the index name %s belongs to another table", index)
-		}
-		// A table made before the storage parameters gets them, unless an
-		// operator chose any autovacuum setting of their own (SET takes a SHARE UPDATE EXCLUSIVE lock,
-		// which blocks no read or write; asked first all the same).
-		var tuned bool
-		if err := tx.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ',') LIKE '%autovacuum_%', false)
-    FROM pg_class WHERE oid = $1::text::regclass`, table).Scan(&tuned); err != nil {
-			return err
-		}
-		if !tuned {
-			if _, err := tx.Exec(ctx, `ALTER TABLE `+table+` SET (`+autovacuum+`)`); err != nil {
-				return err
-			}
-		}
-		// ALTER TABLE takes an ACCESS EXCLUSIVE lock on the table even when
-		// the column is there, which would stall every query on a busy
-		// table each time a replica starts: ask the catalog first.
-		var has bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-    WHERE attrelid = $1::text::regclass AND attname = 'steps' AND NOT attisdropped)`, table).Scan(&has); err != nil || has {
-			return err
-		}
-		_, err := tx.Exec(ctx, `ALTER TABLE `+table+` ADD COLUMN IF NOT EXISTS steps bytea`)
-		return err
-	})
-}
-
-// autovacuum is the table's storage parameters: every Complete and sweep
-// leaves dead rows, and the default (vacuum at 20% of the table dead)
-// would let a table of 100M keys gather 20M of them between vacuums, each
-// vacuum then scanning it all. At 1% vacuums come often and stay short.
-const autovacuum = `autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02`
-
-// createSQL is Schema for any table and index name.
-func createSQL(table, index string) string {
-	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
-    key         text        PRIMARY KEY,
-    fingerprint bytea       NOT NULL,
-    token       text        NOT NULL,
-    state       smallint    NOT NULL,
-    created_at  timestamptz NOT NULL,
-    expires_at  timestamptz,
-    lease_until timestamptz,
-    value       bytea,
-    failed      boolean     NOT NULL DEFAULT false,
-    err_msg     text        NOT NULL DEFAULT '',
-    steps       bytea
-) WITH (` + autovacuum + `);
-CREATE INDEX IF NOT EXISTS ` + index + ` ON ` + table + ` (expires_at) WHERE state = 2;`
 }
 
 // queries are the statements, written once for the table's name.
@@ -239,8 +144,8 @@ func newQueries(t string) queries {
 		// flush. If a concurrent claim committed after this statement's
 		// snapshot, neither branch yields a row, and Claim runs it again.
 		claim: `WITH claimed AS (
-    INSERT INTO ` + t + ` (key, fingerprint, token, state, created_at, lease_until)
-    VALUES ($1, $2, $3, 1, ` + serverNow + `, ` + after("$4") + `)
+    INSERT INTO ` + t + ` (key, fingerprint, token, state, created_at, lease_until, sweep_at)
+    VALUES ($1, $2, $3, 1, ` + serverNow + `, ` + after("$4") + `, ` + serverNow + ` + $5::bigint * interval '1 microsecond')
     ON CONFLICT (key) DO NOTHING
     RETURNING ` + columns + `)
 SELECT true, false, ` + columns + ` FROM claimed
@@ -249,7 +154,8 @@ SELECT false, NOT (` + live + `), ` + seenColumns + ` FROM ` + t + ` WHERE key =
 		// Takes over a record that expired, atomically: the WHERE clause is
 		// checked against the row as it stands when the UPDATE locks it.
 		takeOver: `UPDATE ` + t + ` SET fingerprint = $2, token = $3, state = 1, created_at = ` + serverNow + `, expires_at = NULL,
-    lease_until = ` + after("$4") + `, value = NULL, failed = false, err_msg = '', steps = NULL
+    lease_until = ` + after("$4") + `, value = NULL, failed = false, err_msg = '', steps = NULL,
+    sweep_at = ` + serverNow + ` + $5::bigint * interval '1 microsecond'
 WHERE key = $1 AND NOT (` + live + `)
 RETURNING true, false, ` + columns,
 		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + $3::bigint * interval '1 microsecond', lease_until = NULL,
@@ -269,11 +175,13 @@ WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_un
 		forget: `DELETE FROM ` + t + ` WHERE key = $1
     AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `))`,
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE key = $1)`,
-		// now() rather than clock_timestamp(): it is stable within the
-		// statement, so the expiry index can serve the scan.
+		// The index finds the rows whose sweep_at has passed, oldest
+		// first; of those, the ones that have expired go. now() rather
+		// than clock_timestamp(): it is stable within the statement, so
+		// the index can serve the scan.
 		sweep: `DELETE FROM ` + t + ` WHERE key IN (
-    SELECT key FROM ` + t + ` WHERE state = 2 AND expires_at <= now()
-    ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+    SELECT key FROM ` + t + ` WHERE sweep_at <= now() AND state = 2 AND expires_at <= now()
+    ORDER BY sweep_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 		// RecordStep's read: the steps of the claim token holds, locked
 		// until its transaction ends, and the server's now for the step.
 		// Under the lock no Resume, Complete or Forget can slip in between
@@ -305,7 +213,9 @@ func micros(d time.Duration) int64 {
 }
 
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
-// now is ignored.
+// now is ignored. The claim's sweep_at, which the sweep's index holds, is
+// its instant plus the TTL of the last Complete (see learn): Complete then
+// writes no indexed column, and can be a HOT update.
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		// Nothing sent: a refusal (backend.ErrRefused), which the Store
@@ -315,7 +225,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 	if ctx.Value(inTx{}) == b.pool && b.pool.Config().MaxConns <= 1 {
 		return backend.Record{}, false, backend.Refuse(errNested)
 	}
-	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease)}
+	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease), b.ttl.Load()}
 	for {
 		var won, expired bool
 		got, found, err := b.queryOne(ctx, b.q.claim, args, &won, &expired)
@@ -335,8 +245,20 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 	}
 }
 
+// learn keeps ttl for the claims that follow: their sweep_at is their
+// instant plus the TTL, an instant their outcome cannot expire before if
+// its Complete sends the same TTL (a Store always does). Another TTL only
+// moves when a sweep looks at the row: one shorter than ttl is swept up to
+// the difference late, one longer is looked at (and kept) early.
+func (b *Backend) learn(ttl time.Duration) {
+	if us := micros(ttl); b.ttl.Load() != us {
+		b.ttl.Store(us)
+	}
+}
+
 // Complete records the outcome, expiring ttl after the server's now.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
+	b.learn(ttl)
 	tag, err := b.exec(ctx, b.q.complete, rec.Key, rec.Token, micros(ttl), rec.Value, rec.Failed, rec.ErrMsg)
 	return backend.Owned(tag.RowsAffected(), err, rec.Key)
 }

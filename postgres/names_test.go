@@ -60,7 +60,7 @@ func TestIndexNameTakenByAnotherTable(t *testing.T) {
 	table := "idem_taken_" + hex.EncodeToString(r[:])
 	other := table + "_other"
 	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+other+`, `+table) })
-	_, err := pool.Exec(ctx, `CREATE TABLE `+other+` (x int); CREATE INDEX `+table+`_expiry ON `+other+` (x)`)
+	_, err := pool.Exec(ctx, `CREATE TABLE `+other+` (x int); CREATE INDEX `+table+`_sweep ON `+other+` (x)`)
 	require.NoError(t, err)
 	_, err = New(ctx, pool, Options{Table: table})
 	require.Error(t, err)
@@ -89,7 +89,7 @@ func TestAutovacuumSettings(t *testing.T) {
 	old, own := "idem_old_"+hex.EncodeToString(r[:]), "idem_own_"+hex.EncodeToString(r[:])
 	t.Cleanup(func() { _, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+old+`, `+own) })
 	for _, table := range []string{old, own} {
-		_, err := pool.Exec(ctx, strings.Replace(createSQL(table, table+"_expiry"), ` WITH (`+autovacuum+`)`, ``, 1))
+		_, err := pool.Exec(ctx, strings.Replace(createSQL(table, table+"_sweep"), ` WITH (`+storage+`)`, ``, 1))
 		require.NoError(t, err)
 	}
 	_, err := pool.Exec(ctx, `ALTER TABLE `+own+` SET (autovacuum_vacuum_scale_factor = 0.05)`)
@@ -99,7 +99,7 @@ func TestAutovacuumSettings(t *testing.T) {
 		require.NoError(t, err)
 	}
 	assert.Contains(t, opts(old), "autovacuum_vacuum_scale_factor=0.01")
-	assert.Equal(t, "autovacuum_vacuum_scale_factor=0.05", opts(own))
+	assert.Equal(t, "autovacuum_vacuum_scale_factor=0.05,fillfactor=90", opts(own), "the operator's setting stays; the fillfactor is added")
 }
 
 // An index name cut to 63 bytes is cut at a character's start: half a
@@ -127,5 +127,5 @@ func TestAutovacuumKeepsAnOperatorsOtherSettings(t *testing.T) {
 	require.NoError(t, err)
 	var o string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::text::regclass`, table).Scan(&o))
-	assert.Equal(t, "autovacuum_analyze_scale_factor=0.5", o)
+	assert.Equal(t, "fillfactor=90,autovacuum_analyze_scale_factor=0.5", o)
 }

@@ -66,7 +66,7 @@ func TestSchemaFileMatchesNew(t *testing.T) {
 		}
 		return strings.Join(lines, "\n")
 	}
-	assert.Equal(t, normalize(Schema), normalize(createSQL("idem_keys", "idem_keys_expiry")))
+	assert.Equal(t, normalize(Schema), normalize(createSQL("idem_keys", "idem_keys_sweep")))
 }
 
 // Replicas that start together all migrate a fresh table at once: every New

@@ -34,7 +34,7 @@ func TestNewAddsStepsColumn(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
 
-	current := createSQL(schema+".keys", "keys_expiry")
+	current := createSQL(schema+".keys", "keys_sweep")
 	old := strings.Replace(current, ",\n    steps       bytea", "", 1)
 	require.NotEqual(t, current, old)
 	_, err = pool.Exec(ctx, old)

@@ -96,7 +96,9 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	// interrupted, which Forget and Resolve settle, not as a claim that
 	// holds for ever.
 	claim := backend.Record{Key: key, Fingerprint: fp, Token: txrun.Token(), State: backend.StatePending}
-	args := []any{key, fp[:], claim.Token, -1}
+	ttl := txrun.Of(store).Options().TTL
+	b.learn(ttl)
+	args := []any{key, fp[:], claim.Token, -1, micros(ttl)}
 	rec, won, err := claimTx(ctx, tx, b, key, args)
 	switch {
 	case err != nil:

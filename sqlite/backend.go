@@ -78,6 +78,7 @@ type Backend struct {
 	qmu        sync.Mutex
 	queue      []*writeReq // guarded by qmu; the writes waiting for the committer, in order
 	committing bool        // guarded by qmu; whether a committer is running (it ends when queue is empty)
+	solo       int         // the committer's own: how many transactions to run of one write each
 
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt // guarded by mu; statements prepared so far, by their SQL

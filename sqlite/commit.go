@@ -3,10 +3,13 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 
+	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 )
 
@@ -62,9 +65,21 @@ func (b *Backend) do(ctx context.Context, op writeOp) error {
 		return err
 	case <-ctx.Done():
 		if r.turn.CompareAndSwap(queued, withdrawn) {
+			b.drop(r)
 			return backend.Refuse(ctx.Err())
 		}
-		return <-r.done
+		return <-r.done // taken: answered once its transaction ends, or refused if requeued
+	}
+}
+
+// drop takes a withdrawn request out of the queue, so that callers who
+// leave while the write turn is held long (a RunOnceTx, another process's
+// lock) leave nothing behind.
+func (b *Backend) drop(r *writeReq) {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	if i := slices.Index(b.queue, r); i >= 0 {
+		b.queue = slices.Delete(b.queue, i, i+1)
 	}
 }
 
@@ -109,15 +124,23 @@ func (b *Backend) more() bool {
 	return true
 }
 
-// requeue puts rs back at the head of the queue, for the next transaction,
-// where their callers may withdraw them again.
+// requeue puts rs back at the head of the queue, for the next
+// transaction, where their callers may withdraw them again; a request
+// whose caller has left already (do waits for its answer) is refused now,
+// since nothing of it was committed.
 func (b *Backend) requeue(rs []*writeReq) {
+	back := make([]*writeReq, 0, len(rs))
+	for _, r := range rs {
+		if err := r.ctx.Err(); err != nil {
+			r.done <- backend.Refuse(err)
+			continue
+		}
+		r.turn.Store(queued)
+		back = append(back, r)
+	}
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
-	for _, r := range rs {
-		r.turn.Store(queued)
-	}
-	b.queue = append(rs[:len(rs):len(rs)], b.queue...)
+	b.queue = append(back, b.queue...)
 }
 
 // live reports whether a request in the queue still waits.
@@ -164,8 +187,13 @@ func (b *Backend) batch() bool {
 	if tx == nil {
 		return b.more() // every caller withdrew while the lock was busy
 	}
+	limit := maxBatch
+	if b.solo > 0 { // after a failed commit: one write a transaction, to find the one that failed
+		b.solo--
+		limit = 1
+	}
 	var run []*writeReq
-	for len(run) < maxBatch {
+	for len(run) < limit {
 		r := b.next()
 		if r == nil {
 			// The callers the last commit answered are about to send
@@ -195,6 +223,14 @@ func (b *Backend) batch() bool {
 		run = append(run, r)
 	}
 	err = closedErr(tx.Commit())
+	if err != nil && len(run) > 1 && !errors.Is(err, idem.ErrClosed) {
+		// A check deferred to COMMIT (a deferred foreign key of the
+		// caller's schema) fails the whole transaction: run the writes
+		// again one a transaction, so that only the guilty one fails.
+		b.solo = len(run)
+		b.requeue(run)
+		return true
+	}
 	for _, r := range run {
 		r.done <- err
 	}

@@ -26,6 +26,43 @@
 // New creates the table under an advisory lock, so any number of replicas
 // may start at once.
 //
+// # Layout
+//
+// No index holds a column that Complete writes, so PostgreSQL can make
+// each Complete a HOT update: the new row version goes on the same page
+// (the table's fillfactor is 90, to leave room), no index entry is added,
+// and the old version is pruned without a vacuum. The sweep's index is on
+// sweep_at, which the claim sets: its instant plus the TTL this Backend's
+// Completes send, the earliest its outcome can expire. The table
+// autovacuums at 1% of its rows dead, not 20%.
+//
+// # Partitioned tables
+//
+// Past a few hundred million keys, a team may rather drop a day of records
+// whole than delete them row by row. The primary key of a partitioned
+// table must hold the partition key, so the table can be partitioned by
+// range of key, for keys that begin with their time (a date prefix, or a
+// UUIDv7, whose text sorts by its instant), with a default partition for
+// every other key:
+//
+//	CREATE TABLE idem_keys (... as in schema.sql ...) PARTITION BY RANGE (key);
+//	CREATE INDEX ON idem_keys (sweep_at);
+//	CREATE TABLE idem_keys_20261201 PARTITION OF idem_keys
+//	    FOR VALUES FROM ('2026-12-01') TO ('2026-12-02') WITH (fillfactor = 90);
+//	CREATE TABLE idem_keys_default PARTITION OF idem_keys DEFAULT WITH (fillfactor = 90);
+//
+// and opened with NoMigrate (New's migration is for a plain table). Every
+// method works on it as on the plain table. Make each day's partition
+// before the day begins: attaching one scans the default partition for
+// rows of its range. Dropping one (ALTER TABLE ... DETACH PARTITION, a
+// brief ACCESS EXCLUSIVE lock, since CONCURRENTLY is refused while a
+// default partition exists; then DROP TABLE) forgets its keys at once,
+// pending ones too, as an operator's Forget would: drop a day only once it
+// is older than the TTL plus the longest an operation runs. A key of a
+// dropped day that comes again lands in the default partition and runs
+// afresh, as after its TTL. idemhttp's keys begin with their scope,
+// not their time: partition those by scope (LIST), or not at all.
+//
 // RunOnceTx is the transactional mode: the key, the caller's own writes and
 // the outcome commit in one transaction.
 package postgres

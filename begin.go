@@ -187,6 +187,13 @@ func (s *Store[R]) workContext(ctx context.Context, d *detached) (context.Contex
 // flight with Close waiting for it.
 func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
 	e := t.e
+	if s.opts.Observer != nil {
+		// The Observer hears the end last, after the waiters woke and the
+		// table let Close go on: Close and Shutdown wait for it here.
+		s.telling.Add(1)
+		s.background.Add(1)
+		defer func() { s.telling.Add(-1); s.background.Done() }()
+	}
 	if t.op != nil {
 		t.op.end()
 	}

@@ -7,9 +7,9 @@ import (
 )
 
 // Close stops the sweeper, refuses later calls with ErrClosed, and waits for
-// executions in flight and open tickets to finish and be recorded;
-// Options.ExecutionTimeout bounds that wait for an fn that honours its
-// context, and Shutdown bounds it by a context. Claims whose fate the store
+// executions in flight and open tickets to finish, be recorded and be told
+// to the Observer; Options.ExecutionTimeout bounds that wait for an fn that
+// honours its context, and Shutdown bounds it by a context. Claims whose fate the store
 // could not learn (a lost reply while the backend was failing) then get up
 // to Options.SettleTimeout more to be released, so that they do not leave
 // their keys interrupted; one still unknown after that is left to its
@@ -49,12 +49,13 @@ func (s *Store[R]) Shutdown(ctx context.Context) error {
 	}
 	inFlight, pinned := s.table.held()
 	releasing := s.releases.done() != nil
-	if inFlight == 0 && pinned == 0 && !releasing {
+	telling := s.telling.Load()
+	if inFlight == 0 && pinned == 0 && !releasing && telling == 0 {
 		<-s.closeDone // idle: what is left ends at once, as for http.Server
 		return nil
 	}
-	return fmt.Errorf("idem: shutdown: %w; left keys in flight: %d, outcomes not yet recorded: %d, releases of unknown fate pending: %v",
-		ctx.Err(), inFlight, pinned, releasing)
+	return fmt.Errorf("idem: shutdown: %w; left keys in flight: %d, outcomes not yet recorded: %d, releases of unknown fate pending: %v, executions whose end the Observer is still being told: %d",
+		ctx.Err(), inFlight, pinned, releasing, telling)
 }
 
 // startClose starts closing the store, once, on a goroutine of its own;

@@ -17,6 +17,7 @@ import (
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/seed094d4201/idem/internal/txrun"
+	"github.com/stretchr/testify/require"
 )
 
 // hookBackend wraps a MemoryBackend with hooks after Get and before Complete.
@@ -402,4 +403,37 @@ func newStore[R any](t *testing.T, opts Options) *Store[R] {
 	s := New[R](opts)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// Found by TestHostileObserverBalanced in CI: the Observer hears an
+// execution's end after its waiters wake, and Close returned before it had,
+// so a gauge read after Close still counted one execution. Close and
+// Shutdown now wait for the Observer's last word.
+func TestCloseWaitsForTheObserversLastWord(t *testing.T) {
+	entered, gate := make(chan struct{}), make(chan struct{})
+	var executing atomic.Int64
+	s := New[int](Options{SweepInterval: -1, Observer: &Observer{
+		Executing: func(_ context.Context, d int) {
+			if d < 0 {
+				close(entered)
+				<-gate
+			}
+			executing.Add(int64(d))
+		},
+	}})
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.RunOnce(context.Background(), "k", nil, func(context.Context) (int, error) { return 1, nil })
+		done <- err
+	}()
+	<-entered // the key is settled; the Observer is being told
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := s.Shutdown(ended)
+	require.ErrorIs(t, err, context.Canceled, "Shutdown returned while the Observer was still being told")
+	require.Contains(t, err.Error(), "Observer is still being told: 1")
+	close(gate)
+	require.NoError(t, <-done)
+	require.NoError(t, s.Close())
+	require.Zero(t, executing.Load())
 }

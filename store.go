@@ -31,7 +31,8 @@ type Store[R any] struct {
 	stopping, closing       context.Context
 	endStopping, endClosing context.CancelFunc
 	background              sync.WaitGroup
-	releases                releaser // claims of unknown fate, released in the background
+	telling                 atomic.Int64 // executions whose end the Observer is being told; in background too
+	releases                releaser     // claims of unknown fate, released in the background
 }
 
 // testHookWait, if set, runs each time a caller starts waiting for an

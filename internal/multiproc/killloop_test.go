@@ -100,6 +100,10 @@ func killLoop(t *testing.T, kind, name string, kills int) {
 		// the lease of their predecessor's claims, and meet them interrupted.
 		time.Sleep(5*time.Millisecond + rand.N(killLoopMaxLife))
 		killHard(t, c)
+		// A kill can tear a write that crosses a page of the file: cut the
+		// torn line, which the next child would otherwise extend.
+		cutTornLine(t, filepath.Join(dir, effectsLedger))
+		cutTornLine(t, filepath.Join(dir, resultsLedger))
 		// The next child's fresh keys start past every key the ledgers name,
 		// and its hot window holds the newest keys of this one: those it left
 		// claimed, completed, or interrupted.
@@ -447,6 +451,22 @@ func readLedger(t *testing.T, dir, name string) []ledgerLine {
 	return lines
 }
 
+// cutTornLine truncates the ledger at path after its last newline. A torn
+// effect is a kill in the middle of fn, before the effect was done: its key
+// is left claimed, and meets the next child interrupted.
+func cutTornLine(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	require.NoError(t, err)
+	if i := bytes.LastIndexByte(data, '\n'); i+1 < len(data) {
+		t.Logf("%s: cutting a torn last line %q", filepath.Base(path), data[i+1:])
+		require.NoError(t, os.Truncate(path, int64(i+1)))
+	}
+}
+
 // nextKey is one past the highest key number the ledgers name.
 func nextKey(ledgers ...[]ledgerLine) int {
 	n := 0
@@ -482,4 +502,22 @@ func deletePrefix(t *testing.T, addr, prefix string) {
 		}
 		keys = keys[n:]
 	}
+}
+
+// Found in CI: a kill tore "E k0000406 " and the next child's line was
+// appended to it, so the ledger lost k0000407's effect and the check saw a
+// success without one. The torn line must be cut before a child appends.
+func TestCutTornLineKeepsTheNextLine(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, effectsLedger)
+	require.NoError(t, os.WriteFile(path, []byte("E k1 1.1\nE k2 "), 0o644))
+	cutTornLine(t, path)
+	l, err := openLedger(path)
+	require.NoError(t, err)
+	require.NoError(t, l.append(true, "E", "k3", "2.1"))
+	require.NoError(t, l.f.Close())
+	lines := readLedger(t, dir, effectsLedger)
+	require.Len(t, lines, 2)
+	require.Equal(t, []string{"k1", "k3"}, []string{lines[0].key, lines[1].key})
+	require.Equal(t, "2.1", lines[1].value)
 }

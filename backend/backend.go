@@ -170,8 +170,9 @@ type Backend interface {
 	// Sweep deletes at most limit completed records that have expired,
 	// oldest expiry first, and returns how many it deleted. A backend
 	// may order by an instant of its own that keeps that order among
-	// records given one TTL, as a Store's are (postgres orders by the
-	// claim's instant plus the TTL, which its Complete need not write),
+	// records given one TTL, as a Store's are (postgres orders by an
+	// instant its claim sets, which a Complete of the TTL it assumed
+	// leaves as it is),
 	// provided that no expired record is ever left behind. Pending and
 	// interrupted records are never swept. A limit of zero or less
 	// deletes nothing and returns 0 and no error: it never means "no

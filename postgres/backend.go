@@ -32,9 +32,13 @@
 // each Complete a HOT update: the new row version goes on the same page
 // (the table's fillfactor is 90, to leave room), no index entry is added,
 // and the old version is pruned without a vacuum. The sweep's index is on
-// sweep_at, which the claim sets: its instant plus the TTL this Backend's
-// Completes send, the earliest its outcome can expire. The table
-// autovacuums at 1% of its rows dead, not 20%.
+// sweep_at, which the claim sets: its instant plus the shortest TTL this
+// Backend's Completes have sent, no later than its outcome can expire. A
+// Complete of a shorter TTL lowers it (that Complete is not HOT); a row
+// the sweep finds by sweep_at before it is due (a longer TTL, a claim
+// never completed) is moved along the index, to its expiry or a TTL on, so
+// that sweeps do not read it again and again. The table autovacuums at 1%
+// of its rows dead, not 20%.
 //
 // # Partitioned tables
 //
@@ -52,9 +56,14 @@
 //	CREATE TABLE idem_keys_default PARTITION OF idem_keys DEFAULT WITH (fillfactor = 90);
 //
 // and opened with NoMigrate (New's migration is for a plain table). Every
-// method works on it as on the plain table. Make each day's partition
-// before the day begins: attaching one scans the default partition for
-// rows of its range. Dropping one (ALTER TABLE ... DETACH PARTITION, a
+// method works on it as on the plain table. Make the partitions a few
+// days ahead: attaching one scans the default partition for rows of its
+// range, and fails (23514) if a key of that day has come early. Storage
+// parameters go on each partition (a partitioned table takes none): the
+// fillfactor as above, and the autovacuum settings of schema.sql. Creating
+// and dropping a partition take locks that queue behind a long query and
+// make every call wait behind them: run them with a lock_timeout, and
+// again if it passes. Dropping one (ALTER TABLE ... DETACH PARTITION, a
 // brief ACCESS EXCLUSIVE lock, since CONCURRENTLY is refused while a
 // default partition exists; then DROP TABLE) forgets its keys at once,
 // pending ones too, as an operator's Forget would: drop a day only once it
@@ -108,9 +117,9 @@ type Backend struct {
 	pool *pgxpool.Pool
 	q    queries
 
-	// ttl is the TTL, in microseconds, of the last Complete: a claim's
-	// sweep_at is its instant plus ttl, since its Complete will most
-	// likely send the same. Zero before the first.
+	// ttl is the shortest TTL, in microseconds, that a Complete has sent:
+	// a claim's sweep_at is its instant plus ttl, no later than its
+	// outcome can expire. Zero before the first.
 	ttl atomic.Int64
 }
 
@@ -144,8 +153,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backend, error
 
 // queries are the statements, written once for the table's name.
 type queries struct {
-	claim, takeOver, complete, completeTx, release, renew, get, forget, exists, sweep, page string
-	lockSteps, setSteps, resume                                                             string
+	claim, takeOver, complete, completeTx, release, renew, get, forget, exists, sweep, reaim, page string
+	lockSteps, setSteps, resume                                                                    string
 }
 
 const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg, steps`
@@ -195,12 +204,12 @@ SELECT false, NOT (` + live + `), ` + seenColumns + ` FROM ` + t + ` WHERE key =
     sweep_at = ` + serverNow + ` + $5::bigint * interval '1 microsecond'
 WHERE key = $1 AND NOT (` + live + `)
 RETURNING true, false, ` + columns,
-		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + $3::bigint * interval '1 microsecond', lease_until = NULL,
+		complete: `UPDATE ` + t + ` SET state = 2, ` + expiry + `, lease_until = NULL,
     value = $4, failed = $5, err_msg = $6
 WHERE key = $1 AND token = $2 AND state <> 2`,
 		// Inside RunOnceTx: the transaction's id comes back, to ask about
 		// its COMMIT if the reply to that is lost.
-		completeTx: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + $3::bigint * interval '1 microsecond', lease_until = NULL,
+		completeTx: `UPDATE ` + t + ` SET state = 2, ` + expiry + `, lease_until = NULL,
     value = $4, failed = $5, err_msg = $6
 WHERE key = $1 AND token = $2 AND state <> 2
 RETURNING txid_current()`,
@@ -219,6 +228,20 @@ WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_un
 		sweep: `DELETE FROM ` + t + ` WHERE key IN (
     SELECT key FROM ` + t + ` WHERE sweep_at <= now() AND state = 2 AND expires_at <= now()
     ORDER BY sweep_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+		// The rows a sweep finds due by sweep_at but not expired (a
+		// longer TTL than the claim assumed, a claim never completed: an
+		// interrupted key, which never expires) would be read again by
+		// every sweep; so would rows without sweep_at (claimed by a
+		// version before it). Each is given the next instant it could be
+		// due: its expiry, or for a pending one, $2 microseconds on.
+		reaim: `WITH early AS (
+    SELECT key FROM ` + t + ` WHERE sweep_at <= now() AND NOT (state = 2 AND expires_at <= now())
+    ORDER BY sweep_at LIMIT $1 FOR UPDATE SKIP LOCKED
+), unset AS (
+    SELECT key FROM ` + t + ` WHERE sweep_at IS NULL LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+UPDATE ` + t + ` r SET sweep_at = CASE WHEN state = 2 THEN expires_at ELSE now() + $2::bigint * interval '1 microsecond' END
+FROM (SELECT key FROM early UNION SELECT key FROM unset) due WHERE r.key = due.key`,
 		// RecordStep's read: the steps of the claim token holds, locked
 		// until its transaction ends, and the server's now for the step.
 		// Under the lock no Resume, Complete or Forget can slip in between
@@ -235,6 +258,12 @@ WHERE key = $1 AND token = $2 AND ` + seen + ` = 3
 RETURNING ` + columns,
 	}
 }
+
+// expiry is Complete's SET clause for the expiry, $3 microseconds after
+// the server's now, and for sweep_at, which only ever comes down to the
+// expiry: for the TTL the claim assumed it stays as it is, and an update
+// that leaves every indexed column's value as it was can be HOT.
+const expiry = `(expires_at, sweep_at) = (SELECT e, least(sweep_at, e) FROM (SELECT ` + serverNow + ` + $3::bigint * interval '1 microsecond') c (e))`
 
 // micros is d in microseconds, the unit the statements take, rounded up:
 // a positive lease or TTL never becomes zero, which means none.
@@ -267,6 +296,10 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		var won, expired bool
 		got, found, err := b.queryOne(ctx, b.q.claim, args, &won, &expired)
 		switch {
+		case answered(err):
+			// The server refused the statement, which it ran alone: it
+			// wrote nothing, and the Store need not read the key back.
+			return backend.Record{}, false, backend.Refuse(err)
 		case err != nil:
 			return backend.Record{}, false, err
 		case found && !expired:
@@ -282,15 +315,30 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 	}
 }
 
-// learn keeps ttl for the claims that follow: their sweep_at is their
-// instant plus the TTL, an instant their outcome cannot expire before if
-// its Complete sends the same TTL (a Store always does). Another TTL only
-// moves when a sweep looks at the row: one shorter than ttl is swept up to
-// the difference late, one longer is looked at (and kept) early.
+// learn keeps the shortest TTL sent for the claims that follow: their
+// sweep_at is their instant plus that TTL, an instant their outcome cannot
+// expire before. With one TTL (a Store always sends its own) Complete
+// leaves sweep_at as it is; a shorter one lowers it (and that Complete is
+// not HOT); a longer one leaves the row for a sweep to find early and
+// re-aim at its expiry (reaim).
 func (b *Backend) learn(ttl time.Duration) {
-	if us := micros(ttl); b.ttl.Load() != us {
-		b.ttl.Store(us)
+	us := micros(ttl)
+	for {
+		cur := b.ttl.Load()
+		if us <= 0 || (cur != 0 && cur <= us) || b.ttl.CompareAndSwap(cur, us) {
+			return
+		}
 	}
+}
+
+// pendingRecheck is how long a sweep leaves a pending row it found due
+// by sweep_at before it looks at it again: the TTL, or an hour before one
+// is known.
+func (b *Backend) pendingRecheck() int64 {
+	if us := b.ttl.Load(); us > 0 {
+		return us
+	}
+	return micros(time.Hour)
 }
 
 // Complete records the outcome, expiring ttl after the server's now.
@@ -343,7 +391,19 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 	if err != nil {
 		return 0, err
 	}
-	return int(tag.RowsAffected()), nil
+	n := int(tag.RowsAffected())
+	if n == limit {
+		return n, nil
+	}
+	// Fewer than limit were due: re-aim the rows the index holds too
+	// early (or not at all), and sweep those of them that are due.
+	if tag, err = b.exec(ctx, b.q.reaim, limit-n, b.pendingRecheck()); err != nil || tag.RowsAffected() == 0 {
+		return n, err
+	}
+	if tag, err = b.exec(ctx, b.q.sweep, limit-n); err != nil {
+		return n, err
+	}
+	return n + int(tag.RowsAffected()), nil
 }
 
 // exec runs a statement, retried on a conflict.

@@ -71,9 +71,10 @@ CREATE INDEX ` + index + ` ON ` + table + ` (expires_at) WHERE state = 2;`
 }
 
 // New brings a table made before sweep_at to the layout: the column is
-// added and set from each row's expiry (or claim), the sweep's index made,
-// the old index dropped and the fillfactor set; then the rows it had are
-// swept as before, and Completes are HOT.
+// added (and left unset: no UPDATE of every row under the ALTER's lock),
+// the sweep's index made, the old index dropped and the fillfactor set;
+// then the first sweep finds the rows it had, removes the expired one and
+// gives the others their sweep_at, and Completes are HOT.
 func TestNewUpgradesAnOlderTable(t *testing.T) {
 	pool := testPool(t)
 	ctx := context.Background()
@@ -101,13 +102,19 @@ func TestNewUpgradesAnOlderTable(t *testing.T) {
 	var opts string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::text::regclass`, table).Scan(&opts))
 	assert.Contains(t, opts, "fillfactor=90")
-	var unset int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE sweep_at IS NULL`).Scan(&unset))
-	assert.Zero(t, unset, "rows left without sweep_at")
+	unset := func() (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE sweep_at IS NULL`).Scan(&n))
+		return n
+	}
+	assert.Equal(t, 3, unset(), "New wrote the rows")
 
 	n, err := b.Sweep(ctx, time.Now(), 10)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "the expired row swept")
+	assert.Zero(t, unset(), "rows the sweep left without sweep_at")
+	var aimed bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sweep_at = expires_at FROM `+table+` WHERE key = 'live'`).Scan(&aimed))
+	assert.True(t, aimed, "the live row is next looked at when it expires")
 	for key, want := range map[string]bool{"expired": false, "live": true} {
 		_, ok, err := b.Get(ctx, key, time.Now())
 		require.NoError(t, err)

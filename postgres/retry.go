@@ -26,7 +26,7 @@ func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	for attempt := 0; ; attempt++ {
 		v, err := f()
 		if !conflicted(err) {
-			return v, err
+			return v, explained(err)
 		}
 		wait := time.Millisecond << min(attempt, 6)
 		t := time.NewTimer(wait/2 + rand.N(wait))
@@ -66,4 +66,23 @@ func (b *Backend) queryOne(ctx context.Context, sql string, args []any, extra ..
 		return found{rec, ok}, err
 	})
 	return f.rec, f.ok, err
+}
+
+// explained adds, to PostgreSQL's refusal of a column that the table
+// lacks, what the caller can do: a table made by an earlier version and
+// opened with NoMigrate is brought up to date by the steps in schema.sql,
+// or by New without NoMigrate.
+func explained(err error) error {
+	var pe *pgconn.PgError
+	if err != nil && errors.As(err, &pe) && pe.Code == "42703" { // undefined_column
+		return fmt.Errorf("%w (the table is of an earlier layout: run the upgrade in schema.sql, or open it without Options.NoMigrate)", err)
+	}
+	return err
+}
+
+// answered reports whether err is the server's own refusal of a
+// statement: a statement sent alone then took no effect.
+func answered(err error) bool {
+	var pe *pgconn.PgError
+	return err != nil && errors.As(err, &pe)
 }

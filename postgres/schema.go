@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -16,9 +17,9 @@ import (
 // and no index holds any of them, so PostgreSQL can make it a HOT update
 // (the new row version on the same page, no index entry added, the old
 // one pruned without a vacuum). The sweep's index is on sweep_at, which
-// the claim writes and Complete does not: the earliest instant the
-// record's outcome could expire (see Backend.Claim). The primary key is
-// the only other index.
+// the claim writes and Complete leaves as it is for the TTL the claim
+// assumed: no later than the instant the record's outcome can expire
+// (see Backend.Claim and learn). The primary key is the only other index.
 
 // maxIdentifier is the longest identifier PostgreSQL keeps (NAMEDATALEN-1);
 // it truncates longer ones.
@@ -110,44 +111,42 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, table, name string) error 
 		if err := addColumn(ctx, tx, table, "steps", "bytea", ""); err != nil {
 			return err
 		}
-		// Rows from before sweep_at: a completed one may expire at its
-		// expires_at, a pending one at its claim.
-		if err := addColumn(ctx, tx, table, "sweep_at", "timestamptz", `UPDATE `+table+` SET sweep_at = coalesce(expires_at, created_at)`); err != nil {
+		// Not filled in: the rows from before sweep_at are found by the
+		// sweep (Backend.Sweep's reaim) a batch at a time. An UPDATE of
+		// every row here would hold ADD COLUMN's ACCESS EXCLUSIVE lock,
+		// and stall the table, for as long as it takes.
+		if err := addColumn(ctx, tx, table, "sweep_at", "timestamptz", ""); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, createIndexSQL(table, pgx.Identifier{sweepIdx}.Sanitize())); err != nil {
-			return err
-		}
-		// IF NOT EXISTS skips an index of that name on another table: the
-		// sweep would then scan this one whole.
-		owner, err := indexOwner(ctx, tx, table, sweepIdx)
+		// Asked first: CREATE INDEX IF NOT EXISTS takes its SHARE lock,
+		// which blocks writes, even when the index is there. And it skips
+		// an index of that name on another table, whose sweep would then
+		// scan this one whole.
+		owner, _, err := indexOwner(ctx, tx, table, sweepIdx)
 		if err != nil {
 			return fmt.Errorf("finding its index %s: %w", sweepIdx, err)
 		}
-		if owner != ours {
+		switch owner {
+		case theirs:
 			return fmt.Errorf("the index name %s belongs to another table", sweepIdx)
+		case absent:
+			if _, err := tx.Exec(ctx, createIndexSQL(table, pgx.Identifier{sweepIdx}.Sanitize())); err != nil {
+				return err
+			}
 		}
 		// The old expiry index holds state and expires_at, which Complete
 		// writes: while it stands no Complete is a HOT update.
-		if owner, err = indexOwner(ctx, tx, table, legacyIdx); err != nil {
+		owner, qualified, err := indexOwner(ctx, tx, table, legacyIdx)
+		if err != nil {
 			return err
 		}
 		if owner == ours {
-			if _, err := tx.Exec(ctx, `DROP INDEX `+schemaOf(table)+pgx.Identifier{legacyIdx}.Sanitize()); err != nil {
+			if _, err := tx.Exec(ctx, `DROP INDEX `+qualified); err != nil {
 				return err
 			}
 		}
 		return setStorage(ctx, tx, table)
 	})
-}
-
-// schemaOf is the schema part of a sanitized, possibly qualified table
-// name, with its dot, or "".
-func schemaOf(table string) string {
-	if i := strings.LastIndex(table, `"."`); i >= 0 {
-		return table[:i+2]
-	}
-	return ""
 }
 
 // addColumn adds the column to a table that lacks it, and then runs fill,
@@ -177,21 +176,25 @@ const (
 )
 
 // indexOwner says whether an index named idx, in table's schema, exists
-// and whether it is table's.
-func indexOwner(ctx context.Context, tx pgx.Tx, table, idx string) (indexOwnership, error) {
+// and whether it is table's, and gives its name as SQL, qualified by its
+// schema where the search path would not find it.
+func indexOwner(ctx context.Context, tx pgx.Tx, table, idx string) (indexOwnership, string, error) {
 	var mine *bool
-	err := tx.QueryRow(ctx, `SELECT (SELECT indrelid = $1::text::regclass FROM pg_index WHERE indexrelid = (
-    SELECT c.oid FROM pg_class c WHERE c.relname = $2 AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::text::regclass)))`,
-		table, idx).Scan(&mine)
+	var qualified *string
+	err := tx.QueryRow(ctx, `SELECT i.indrelid = $1::text::regclass, i.indexrelid::regclass::text FROM pg_index i WHERE i.indexrelid = (
+    SELECT c.oid FROM pg_class c WHERE c.relname = $2 AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::text::regclass))`,
+		table, idx).Scan(&mine, &qualified)
 	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return absent, "", nil
 	case err != nil:
-		return absent, err
-	case mine == nil:
-		return absent, nil
+		return absent, "", err
+	case mine == nil || qualified == nil:
+		return absent, "", nil
 	case *mine:
-		return ours, nil
+		return ours, *qualified, nil
 	}
-	return theirs, nil
+	return theirs, *qualified, nil
 }
 
 // setStorage gives a table made before them the storage parameters,

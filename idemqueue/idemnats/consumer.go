@@ -1,0 +1,179 @@
+package idemnats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemqueue"
+)
+
+// Options configure a Consumer. The zero value is ready to use.
+type Options struct {
+	// Key returns a message's idempotency key. Nil means its Nats-Msg-Id
+	// header; a message without one is rejected, since nothing tells its
+	// redeliveries apart from new messages.
+	Key func(jetstream.Msg) (string, error)
+
+	// Payload returns what a message's redeliveries must agree on (its
+	// fingerprint is kept with the key: another payload under the same
+	// key is rejected). Nil means the message's data.
+	Payload func(jetstream.Msg) any
+
+	// AckRejected acks a message the decision rejects (a final failure,
+	// another payload under its key) instead of terminating it. False
+	// means Term, which JetStream reports as an advisory
+	// ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED), for a dead-letter
+	// stream to collect.
+	AckRejected bool
+
+	// ProgressInterval is how often a message being handled is marked
+	// InProgress. Zero means 5 s, a sixth of JetStream's default AckWait;
+	// set it below the consumer's AckWait. Negative means never.
+	ProgressInterval time.Duration
+}
+
+// A Consumer handles JetStream messages through an idemqueue.Consumer and
+// settles them. It is safe for concurrent use.
+type Consumer[R any] struct {
+	q    *idemqueue.Consumer[R]
+	opts Options
+}
+
+// New returns a Consumer over q. A nil q is an error.
+func New[R any](q *idemqueue.Consumer[R], opts Options) (*Consumer[R], error) {
+	if q == nil {
+		return nil, errors.New("idemnats: New with a nil *idemqueue.Consumer")
+	}
+	if opts.ProgressInterval == 0 {
+		opts.ProgressInterval = 5 * time.Second
+	}
+	return &Consumer[R]{q: q, opts: opts}, nil
+}
+
+// errNoID is why a message without a key is rejected.
+var errNoID = fmt.Errorf("%w: the message has no %s header", idem.ErrInvalidKey, jetstream.MsgIDHeader)
+
+// Handle runs fn for msg through the store, once for its key, and settles
+// msg as the decision says. It returns the decision and the error of
+// settling msg, if any (the broker then redelivers it after AckWait, and
+// the redelivery replays). fn runs under the claim's context, which ends
+// when the claim's lease is lost. A nil msg or fn is refused: nothing is
+// run or settled, and the error says why.
+func (c *Consumer[R]) Handle(ctx context.Context, msg jetstream.Msg, fn func(context.Context, jetstream.Msg) (R, error)) (idemqueue.Decision, error) {
+	if msg == nil || fn == nil || ctx == nil {
+		return idemqueue.Decision{}, errors.New("idemnats: Handle with a nil context, message or handler")
+	}
+	key, err := c.key(msg)
+	if err != nil {
+		d := c.q.Decide(ctx, key, err)
+		return d, c.settle(msg, d)
+	}
+	p := c.progress(msg)
+	defer p.stop()
+	d := c.q.Handle(ctx, key, c.payload(msg), func(ctx context.Context) (R, error) {
+		defer p.follow(ctx)()
+		return fn(ctx, msg)
+	})
+	p.stop()
+	return d, c.settle(msg, d)
+}
+
+// HandleTx is Handle for a handler that makes its own call through the
+// Consumer's store under key: a RunOnceTx of sqlite, bolt or postgres,
+// whose writes commit with the key and its outcome. call returns that
+// call's error, which decides.
+func (c *Consumer[R]) HandleTx(ctx context.Context, msg jetstream.Msg, call func(ctx context.Context, key string, payload any) error) (idemqueue.Decision, error) {
+	if msg == nil || call == nil || ctx == nil {
+		return idemqueue.Decision{}, errors.New("idemnats: HandleTx with a nil context, message or call")
+	}
+	key, err := c.key(msg)
+	if err == nil {
+		p := c.progress(msg)
+		err = callGuarded(ctx, key, c.payload(msg), call)
+		p.stop()
+	}
+	d := c.q.Decide(ctx, key, err)
+	return d, c.settle(msg, d)
+}
+
+// callGuarded runs call, turning a panic into an error: the message is
+// then retried, as for a handler's panic under Handle.
+func callGuarded(ctx context.Context, key string, payload any, call func(context.Context, string, any) error) (err error) {
+	returned := false
+	defer func() {
+		if v := recover(); v != nil || !returned {
+			err = &idem.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	err = call(ctx, key, payload)
+	returned = true
+	return err
+}
+
+// MessageHandler returns a jetstream.MessageHandler, for Consume, that
+// handles each message with fn under ctx. report, if not nil, is told of
+// each message's decision and of an error settling it.
+func (c *Consumer[R]) MessageHandler(ctx context.Context, fn func(context.Context, jetstream.Msg) (R, error), report func(jetstream.Msg, idemqueue.Decision, error)) jetstream.MessageHandler {
+	return func(msg jetstream.Msg) {
+		d, err := c.Handle(ctx, msg, fn)
+		if report != nil {
+			report(msg, d, err)
+		}
+	}
+}
+
+// key is msg's key, from Options.Key or its Nats-Msg-Id header.
+func (c *Consumer[R]) key(msg jetstream.Msg) (key string, err error) {
+	if c.opts.Key == nil {
+		if key = msg.Headers().Get(jetstream.MsgIDHeader); key == "" {
+			return "", errNoID
+		}
+		return key, nil
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			key, err = "", fmt.Errorf("%w: Options.Key panicked: %v", idem.ErrInvalidKey, v)
+		}
+	}()
+	if key, err = c.opts.Key(msg); err != nil {
+		return "", fmt.Errorf("%w: Options.Key: %w", idem.ErrInvalidKey, err)
+	}
+	return key, nil
+}
+
+// payload is what msg's redeliveries must agree on.
+func (c *Consumer[R]) payload(msg jetstream.Msg) any {
+	if c.opts.Payload == nil {
+		return msg.Data()
+	}
+	return c.opts.Payload(msg)
+}
+
+// settle does what d says with msg.
+func (c *Consumer[R]) settle(msg jetstream.Msg, d idemqueue.Decision) error {
+	var err error
+	switch d.Action {
+	case idemqueue.Ack:
+		err = msg.Ack()
+	case idemqueue.Reject:
+		if c.opts.AckRejected {
+			err = msg.Ack()
+		} else {
+			// Not TermWithReason: servers before 2.10.4 ignore a
+			// term with a reason, and redeliver the message. The
+			// reason is in d.Err, for the caller.
+			err = msg.Term()
+		}
+	default:
+		err = msg.NakWithDelay(d.Delay)
+	}
+	if err != nil {
+		return fmt.Errorf("idemnats: settling the message (%v): %w", d.Action, err)
+	}
+	return nil
+}

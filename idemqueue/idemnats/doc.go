@@ -1,0 +1,30 @@
+// Package idemnats consumes NATS JetStream messages effectively once: each
+// message's handler runs through an idem.Store under the message's id
+// (its Nats-Msg-Id header, the id the publisher set for JetStream's own
+// publish dedupe window), and the message is then settled as the
+// idemqueue decision says:
+//
+//	idemqueue.Ack     Ack
+//	idemqueue.Reject  Term (or Ack, with Options.AckRejected)
+//	idemqueue.Retry   NakWithDelay(Decision.Delay)
+//
+// While a delivery is handled (waiting for another delivery of its id,
+// then running the handler), the message is marked InProgress every
+// Options.ProgressInterval, so that JetStream does not redeliver it to
+// another consumer meanwhile; the marks stop when the handler's claim
+// loses its lease, so that the broker may redeliver it to whoever takes
+// the key over.
+//
+// JetStream's dedupe window drops a second publish of an id within it
+// (two minutes by default); idem makes harmless what the window does not
+// cover: a publish after it, and every redelivery (a nak, an ack lost, a
+// consumer killed mid-message, AckWait passed).
+//
+// A consumer killed mid-handler leaves its key claimed. What the restarted
+// consumer then meets depends on the backend: on bolt the key reads as
+// interrupted at Open (idem.ErrOutcomeUnknown, answered by
+// idemqueue.Options.Reconcile, by default a retry a minute later); on
+// sqlite, postgres and redis it is in progress until the dead claim's
+// lease lapses (a retry after idemqueue.Options.BusyDelay), and then
+// interrupted. Neither loops hot nor dead-letters the message.
+package idemnats

@@ -42,7 +42,7 @@ func (m *fakeMsg) settle(how string) error {
 	m.settles = append(m.settles, how)
 	return m.failSettle
 }
-func (m *fakeMsg) Ack() error { return m.settle("ack") }
+func (m *fakeMsg) Ack() error  { return m.settle("ack") }
 func (m *fakeMsg) Term() error { return m.settle("term") }
 func (m *fakeMsg) NakWithDelay(d time.Duration) error {
 	m.mu.Lock()

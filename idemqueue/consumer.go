@@ -59,6 +59,13 @@ type Options struct {
 	// RetryDelay.
 	BusyDelay time.Duration
 
+	// BusyWait bounds how long Handle waits for another delivery of the
+	// same id that runs, here or in another process, before it answers
+	// Retry after BusyDelay: a consumer's slot is not held for the whole
+	// of another's handler. Zero means 5 s; negative means only ctx
+	// bounds the wait.
+	BusyWait time.Duration
+
 	// InterruptedDelay is how long it waits when an earlier delivery's
 	// process stopped in its handler (ErrOutcomeUnknown) and Reconcile is
 	// nil: the key is kept for an operator. Zero means one minute.
@@ -91,6 +98,9 @@ func New[R any](store *idem.Store[R], opts Options) (*Consumer[R], error) {
 	if opts.BusyDelay <= 0 {
 		opts.BusyDelay = opts.RetryDelay
 	}
+	if opts.BusyWait == 0 {
+		opts.BusyWait = 5 * time.Second
+	}
 	if opts.InterruptedDelay <= 0 {
 		opts.InterruptedDelay = time.Minute
 	}
@@ -105,7 +115,16 @@ func (c *Consumer[R]) Store() *idem.Store[R] { return c.store }
 // is rejected), and decides. fn runs under the claim's context, which ends
 // when the claim's lease is lost (context.Cause is idem.ErrLeaseLost).
 func (c *Consumer[R]) Handle(ctx context.Context, key string, payload any, fn func(context.Context) (R, error)) Decision {
-	t, err := c.store.Begin(ctx, key, payload)
+	if ctx == nil {
+		return c.Decide(context.Background(), key, errors.New("idemqueue: Handle with a nil context"))
+	}
+	wait := ctx // bounds the claim only: the handler's context is the claim's
+	if c.opts.BusyWait > 0 {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, c.opts.BusyWait)
+		defer cancel()
+	}
+	t, err := c.store.Begin(wait, key, payload)
 	if err != nil {
 		return c.Decide(ctx, key, err)
 	}

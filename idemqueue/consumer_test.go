@@ -236,3 +236,30 @@ func TestActionNames(t *testing.T) {
 	assert.Equal(t, "retry", Retry.String())
 	assert.Equal(t, "Action(9)", Action(9).String())
 }
+
+// BusyWait bounds a duplicate's wait for the delivery that runs, not that
+// delivery's handler, which runs past it and is recorded.
+func TestBusyWaitBoundsTheWaitNotTheHandler(t *testing.T) {
+	c := consumer(t, idemtest.NewMemoryBackend(), Options{BusyWait: 50 * time.Millisecond})
+	ctx := context.Background()
+	started, release := make(chan struct{}), make(chan struct{})
+	first := make(chan Decision, 1)
+	go func() {
+		first <- c.Handle(ctx, "m1", "body", func(context.Context) (int, error) { close(started); <-release; return 1, nil })
+	}()
+	<-started
+	d := c.Handle(ctx, "m1", "body", func(context.Context) (int, error) { t.Error("ran twice"); return 0, nil })
+	assert.Equal(t, Retry, d.Action, "a duplicate waits BusyWait, not for ever")
+	assert.ErrorIs(t, d.Err, idem.ErrInProgress)
+	close(release) // past BusyWait
+	assert.Equal(t, Decision{Action: Ack}, <-first)
+	assert.Equal(t, Decision{Action: Ack, Replayed: true}, c.Handle(ctx, "m1", "body", nil))
+}
+
+func TestHandleRefusesANilContext(t *testing.T) {
+	c := consumer(t, idemtest.NewMemoryBackend(), Options{})
+	//lint:ignore SA1012 the nil context is the point
+	d := c.Handle(nil, "m1", "body", func(context.Context) (int, error) { t.Error("ran"); return 0, nil })
+	assert.Equal(t, Retry, d.Action)
+	assert.Error(t, d.Err)
+}

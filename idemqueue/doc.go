@@ -16,7 +16,8 @@
 //	the handler failed (an error, a panic): the key
 //	  is released for the next delivery                 Retry    (RetryDelay)
 //	another delivery of the id runs now, here or in
-//	  another process, and ctx ended first (ErrInProgress) Retry (BusyDelay)
+//	  another process, and BusyWait passed or ctx
+//	  ended first (ErrInProgress)                       Retry    (BusyDelay)
 //	the store cannot answer (a *BackendError, ErrFull,
 //	  ErrClosed, ctx ended)                             Retry    (RetryDelay)
 //	an earlier delivery's process stopped mid-handler

@@ -1,0 +1,38 @@
+// Package idemrabbit consumes RabbitMQ messages effectively once: each
+// delivery's handler runs through an idem.Store under the message's id
+// (its MessageId property), and the delivery is then settled as the
+// idemqueue decision says:
+//
+//	idemqueue.Ack     Ack
+//	idemqueue.Reject  Ack (or, with Options.DeadLetter, Nack without requeue:
+//	                  the queue's dead-letter exchange takes it)
+//	idemqueue.Retry   a copy to the retry queue of its delay, then Ack;
+//	                  with no delay, Nack with requeue
+//
+// A retry never requeues at once, which would loop hot on a key that is
+// still busy: the copy waits in a queue named <queue>.retry.<ms>, whose
+// messages live that many milliseconds (x-message-ttl) and are then
+// dead-lettered back to <queue> by the default exchange. The copy is
+// published with a publisher confirm before the original is acked, so a
+// crash between the two leaves a duplicate, which idem makes harmless,
+// never a loss. Each delay has its queue because RabbitMQ expires only the
+// message at a queue's head: one queue of mixed delays would hold a short
+// delay behind a long one. A retry queue is declared at each use and
+// deletes itself when unused for its delay plus an hour (x-expires), so
+// that the delays a Reconcile hook invents do not pile up queues.
+//
+// Run consumes a queue in manual-ack mode with a prefetch, handles up to
+// the prefetch of deliveries at once, and keeps going across a closed
+// channel or connection: it dials again, with a growing pause. Deliveries
+// whose ack was lost with the connection are redelivered by RabbitMQ and
+// replayed.
+//
+// A consumer killed mid-handler leaves its key claimed; RabbitMQ
+// redelivers the message at once to the next consumer. What that meets
+// depends on the backend: on bolt the key reads as interrupted at Open
+// (idem.ErrOutcomeUnknown, answered by idemqueue.Options.Reconcile, by
+// default a retry a minute later); on sqlite, postgres and redis it is in
+// progress until the dead claim's lease lapses (a retry after
+// idemqueue.Options.BusyDelay), and then interrupted. Neither loops hot
+// nor dead-letters the message.
+package idemrabbit

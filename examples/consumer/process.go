@@ -102,4 +102,3 @@ func (p *process) kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	_ = p.cmd.Wait()
 }
-

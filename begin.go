@@ -82,7 +82,7 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 	}
 	fp, err := s.opts.Fingerprint(payload)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrInvalidPayload, err)
 	}
 	t.s, t.ctx = s, ctx
 	for {

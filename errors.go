@@ -56,6 +56,11 @@ var (
 	// bytes, not valid UTF-8, or holds a control character.
 	ErrInvalidKey = errors.New("idem: invalid key")
 
+	// ErrInvalidPayload is returned when Options.Fingerprint cannot
+	// fingerprint a payload (the default: it has no JSON encoding): the
+	// same payload will never be accepted, so a retry cannot help.
+	ErrInvalidPayload = errors.New("idem: invalid payload")
+
 	// ErrFull is returned when a new key would take the store past
 	// Options.MaxKeys. Keys already held still replay; no live key is ever
 	// evicted to make room, since that would reopen the window for a second

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemqueue/internal/contain"
 )
 
 // An Action is what the broker must do with a delivered message.
@@ -134,7 +135,10 @@ func (c *Consumer[R]) Handle(ctx context.Context, key string, payload any, fn fu
 		d.Replayed = d.Action != Retry
 		return d
 	}
-	_, err = t.Do(fn)
+	// On a goroutine of its own: a handler that calls runtime.Goexit
+	// (t.FailNow) must not end the broker's delivery goroutine too,
+	// leaving the message unsettled.
+	_, err = contain.Call(func() (R, error) { return t.Do(fn) })
 	return c.Decide(ctx, key, err)
 }
 
@@ -148,7 +152,7 @@ func (c *Consumer[R]) Decide(ctx context.Context, key string, err error) Decisio
 		return Decision{Action: Ack}
 	case idem.IsFinal(err):
 		return Decision{Action: Reject, Err: err}
-	case errors.Is(err, idem.ErrPayloadMismatch), errors.Is(err, idem.ErrInvalidKey):
+	case errors.Is(err, idem.ErrPayloadMismatch), errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrInvalidPayload):
 		return Decision{Action: Reject, Err: err}
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		return c.reconcile(ctx, key, err)
@@ -159,20 +163,16 @@ func (c *Consumer[R]) Decide(ctx context.Context, key string, err error) Decisio
 }
 
 // reconcile asks Options.Reconcile about an interrupted key.
-func (c *Consumer[R]) reconcile(ctx context.Context, key string, err error) (d Decision) {
+func (c *Consumer[R]) reconcile(ctx context.Context, key string, err error) Decision {
 	keep := Decision{Action: Retry, Delay: c.opts.InterruptedDelay, Err: err}
 	if c.opts.Reconcile == nil {
 		return keep
 	}
-	returned := false
-	defer func() {
-		if p := recover(); p != nil || !returned {
-			keep.Err = fmt.Errorf("%w (and Reconcile did not return: %v)", err, p)
-			d = keep
-		}
-	}()
-	d = c.opts.Reconcile(ctx, key, err)
-	returned = true
+	d, herr := contain.Call(func() (Decision, error) { return c.opts.Reconcile(ctx, key, err), nil })
+	if herr != nil {
+		keep.Err = fmt.Errorf("%w (and Reconcile did not return: %w)", err, herr)
+		return keep
+	}
 	switch d.Action {
 	case Ack, Reject:
 		d.Delay = 0

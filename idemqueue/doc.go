@@ -12,7 +12,8 @@
 //	the handler returned idem.Final(err)                Reject
 //	the id failed finally before: that error replayed   Reject   true
 //	the id came with another payload (ErrPayloadMismatch),
-//	  or is not a valid key (ErrInvalidKey)             Reject
+//	  is not a valid key (ErrInvalidKey), or its payload
+//	  cannot be fingerprinted (ErrInvalidPayload)       Reject
 //	the handler failed (an error, a panic): the key
 //	  is released for the next delivery                 Retry    (RetryDelay)
 //	another delivery of the id runs now, here or in

@@ -59,7 +59,7 @@ func serveWorker(broker string, out io.Writer) error {
 	w := &worker{store: idem.New[int](idem.Options{Backend: b, TTL: 7 * 24 * time.Hour, Lease: 300 * time.Millisecond}),
 		db: db, crash: os.Getenv(crashEnv), out: out}
 	defer w.store.Close()
-	opts := idemqueue.Options{RetryDelay: 100 * time.Millisecond, BusyDelay: 100 * time.Millisecond, BusyWait: time.Second}
+	opts := idemqueue.Options{RetryDelay: 100 * time.Millisecond, BusyDelay: 100 * time.Millisecond, InterruptedDelay: 100 * time.Millisecond, BusyWait: time.Second}
 	if url := os.Getenv(serviceEnv); url != "" {
 		w.service = &payments{url: url}
 		opts.Reconcile = w.reconcile

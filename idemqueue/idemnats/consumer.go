@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemqueue"
+	"github.com/seed094d4201/idem/idemqueue/internal/contain"
 )
 
 // Options configure a Consumer. The zero value is ready to use.
@@ -68,14 +68,14 @@ func (c *Consumer[R]) Handle(ctx context.Context, msg jetstream.Msg, fn func(con
 	if msg == nil || fn == nil || ctx == nil {
 		return idemqueue.Decision{}, errors.New("idemnats: Handle with a nil context, message or handler")
 	}
-	key, err := c.key(msg)
+	key, payload, err := c.identify(msg)
 	if err != nil {
 		d := c.q.Decide(ctx, key, err)
 		return d, c.settle(msg, d)
 	}
 	p := c.progress(msg)
 	defer p.stop()
-	d := c.q.Handle(ctx, key, c.payload(msg), func(ctx context.Context) (R, error) {
+	d := c.q.Handle(ctx, key, payload, func(ctx context.Context) (R, error) {
 		defer p.follow(ctx)()
 		return fn(ctx, msg)
 	})
@@ -91,28 +91,17 @@ func (c *Consumer[R]) HandleTx(ctx context.Context, msg jetstream.Msg, call func
 	if msg == nil || call == nil || ctx == nil {
 		return idemqueue.Decision{}, errors.New("idemnats: HandleTx with a nil context, message or call")
 	}
-	key, err := c.key(msg)
+	key, payload, err := c.identify(msg)
 	if err == nil {
 		p := c.progress(msg)
-		err = callGuarded(ctx, key, c.payload(msg), call)
+		defer p.stop()
+		// A panic or a Goexit in call is a failure: retried, as under
+		// Handle.
+		_, err = contain.Call(func() (struct{}, error) { return struct{}{}, call(ctx, key, payload) })
 		p.stop()
 	}
 	d := c.q.Decide(ctx, key, err)
 	return d, c.settle(msg, d)
-}
-
-// callGuarded runs call, turning a panic into an error: the message is
-// then retried, as for a handler's panic under Handle.
-func callGuarded(ctx context.Context, key string, payload any, call func(context.Context, string, any) error) (err error) {
-	returned := false
-	defer func() {
-		if v := recover(); v != nil || !returned {
-			err = &idem.PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	err = call(ctx, key, payload)
-	returned = true
-	return err
 }
 
 // MessageHandler returns a jetstream.MessageHandler, for Consume, that
@@ -127,31 +116,37 @@ func (c *Consumer[R]) MessageHandler(ctx context.Context, fn func(context.Contex
 	}
 }
 
-// key is msg's key, from Options.Key or its Nats-Msg-Id header.
-func (c *Consumer[R]) key(msg jetstream.Msg) (key string, err error) {
+// identify returns msg's key, from Options.Key or its Nats-Msg-Id header,
+// and its payload. A key function's error rejects the message; a panic in
+// Options.Key or Options.Payload (a bug, which a fixed deploy may not
+// have) retries it.
+func (c *Consumer[R]) identify(msg jetstream.Msg) (key string, payload any, err error) {
 	if c.opts.Key == nil {
 		if key = msg.Headers().Get(jetstream.MsgIDHeader); key == "" {
-			return "", errNoID
+			return "", nil, errNoID
 		}
-		return key, nil
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			key, err = "", fmt.Errorf("%w: Options.Key panicked: %v", idem.ErrInvalidKey, v)
+	} else {
+		var kerr error
+		key, err = contain.Call(func() (string, error) {
+			k, err := c.opts.Key(msg)
+			kerr = err
+			return k, err
+		})
+		switch {
+		case kerr != nil:
+			return "", nil, fmt.Errorf("%w: Options.Key: %w", idem.ErrInvalidKey, kerr)
+		case err != nil:
+			return "", nil, fmt.Errorf("idemnats: Options.Key: %w", err)
 		}
-	}()
-	if key, err = c.opts.Key(msg); err != nil {
-		return "", fmt.Errorf("%w: Options.Key: %w", idem.ErrInvalidKey, err)
 	}
-	return key, nil
-}
-
-// payload is what msg's redeliveries must agree on.
-func (c *Consumer[R]) payload(msg jetstream.Msg) any {
 	if c.opts.Payload == nil {
-		return msg.Data()
+		return key, msg.Data(), nil
 	}
-	return c.opts.Payload(msg)
+	payload, err = contain.Call(func() (any, error) { return c.opts.Payload(msg), nil })
+	if err != nil {
+		return key, nil, fmt.Errorf("idemnats: Options.Payload: %w", err)
+	}
+	return key, payload, nil
 }
 
 // settle does what d says with msg.

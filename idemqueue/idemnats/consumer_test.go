@@ -3,6 +3,9 @@ package idemnats
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,17 +122,20 @@ func TestOtherPayloadAndNoKeyAreTerminated(t *testing.T) {
 	settles, _ = noID.got()
 	assert.Equal(t, []string{"term"}, settles)
 
-	for name, key := range map[string]func(jetstream.Msg) (string, error){
-		"error": func(jetstream.Msg) (string, error) { return "", errors.New("no order id") },
-		"panic": func(jetstream.Msg) (string, error) { panic("key bug") },
-	} {
-		c := natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{}, Options{Key: key})
-		m := newMsg("m1", "body")
-		d, err := c.Handle(context.Background(), m, effect(&runs))
-		require.NoError(t, err, name)
-		assert.Equal(t, idemqueue.Reject, d.Action, name)
-		assert.ErrorIs(t, d.Err, idem.ErrInvalidKey, name)
-	}
+	c = natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{},
+		Options{Key: func(jetstream.Msg) (string, error) { return "", errors.New("no order id") }})
+	d, err = c.Handle(context.Background(), newMsg("m1", "body"), effect(&runs))
+	require.NoError(t, err)
+	assert.Equal(t, idemqueue.Reject, d.Action, "the key function's error")
+	assert.ErrorIs(t, d.Err, idem.ErrInvalidKey)
+
+	// A payload that can never be fingerprinted: retrying cannot help.
+	c = natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{},
+		Options{Payload: func(jetstream.Msg) any { return map[string]any{"amount": math.NaN()} }})
+	d, err = c.Handle(context.Background(), newMsg("m1", "body"), effect(&runs))
+	require.NoError(t, err)
+	assert.Equal(t, idemqueue.Reject, d.Action, "an unfingerprintable payload")
+	assert.ErrorIs(t, d.Err, idem.ErrInvalidPayload)
 	assert.Equal(t, int32(1), runs.Load())
 }
 
@@ -328,4 +334,57 @@ func TestHandleTxAppliesTheEffectOnce(t *testing.T) {
 	assert.Equal(t, idemqueue.Retry, d.Action, "a panicking call is retried")
 	var pe *idem.PanicError
 	assert.ErrorAs(t, d.Err, &pe)
+}
+
+// Found by helper-35: a panic in Options.Key or Options.Payload escaped
+// Handle (a bug a fixed deploy may not have: retried, not rejected), and a
+// handler or call that calls runtime.Goexit left its message unsettled,
+// HandleTx's InProgress marks going on for ever.
+func TestUserCodeThatPanicsOrExitsIsRetried(t *testing.T) {
+	var runs atomic.Int32
+	for name, opts := range map[string]Options{
+		"key":     {Key: func(jetstream.Msg) (string, error) { panic("key bug") }},
+		"payload": {Payload: func(jetstream.Msg) any { panic("decoder bug") }},
+	} {
+		c := natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{}, opts)
+		for _, tx := range []bool{false, true} {
+			m := newMsg("m1", "body")
+			var d idemqueue.Decision
+			var err error
+			require.NotPanics(t, func() {
+				if tx {
+					d, err = c.HandleTx(context.Background(), m, func(context.Context, string, any) error { return nil })
+				} else {
+					d, err = c.Handle(context.Background(), m, effect(&runs))
+				}
+			}, name)
+			require.NoError(t, err)
+			assert.Equal(t, idemqueue.Retry, d.Action, name)
+			settles, _ := m.got()
+			assert.Equal(t, []string{"nak"}, settles, name)
+		}
+	}
+	assert.Zero(t, runs.Load())
+
+	c := natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{}, Options{ProgressInterval: time.Millisecond})
+	for _, tx := range []bool{false, true} {
+		m := newMsg(fmt.Sprint("exits-", tx), "body")
+		done := make(chan idemqueue.Decision)
+		go func() {
+			var d idemqueue.Decision
+			if tx {
+				d, _ = c.HandleTx(context.Background(), m, func(context.Context, string, any) error { runtime.Goexit(); return nil })
+			} else {
+				d, _ = c.Handle(context.Background(), m, func(context.Context, jetstream.Msg) (int, error) { runtime.Goexit(); return 0, nil })
+			}
+			done <- d
+		}()
+		d := <-done // Handle returned: the Goexit was contained
+		assert.Equal(t, idemqueue.Retry, d.Action)
+		settles, _ := m.got()
+		assert.Equal(t, []string{"nak"}, settles)
+		m.mu.Lock()
+		assert.Zero(t, m.afterDone, "marked after it was settled")
+		m.mu.Unlock()
+	}
 }

@@ -15,6 +15,11 @@
 // loses its lease, so that the broker may redeliver it to whoever takes
 // the key over.
 //
+// A consumer's MaxDeliver counts every delivery, naks included: a message
+// retried more often than it allows (a key busy elsewhere, an interrupted
+// key kept for an operator) is dropped by JetStream. Leave it unlimited
+// (-1, the default), or above what the delays add up to.
+//
 // JetStream's dedupe window drops a second publish of an id within it
 // (two minutes by default); idem makes harmless what the window does not
 // cover: a publish after it, and every redelivery (a nak, an ack lost, a

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemqueue"
+	"github.com/seed094d4201/idem/idemqueue/internal/contain"
 )
 
 // Options configure a Consumer. Queue is required; the zero value of every
@@ -60,8 +60,15 @@ func New[R any](q *idemqueue.Consumer[R], opts Options) (*Consumer[R], error) {
 	if opts.Queue == "" {
 		return nil, errors.New("idemrabbit: New without Options.Queue")
 	}
-	if opts.Prefetch <= 0 {
+	switch {
+	case opts.Prefetch <= 0:
 		opts.Prefetch = 16
+	case opts.Prefetch > 65535:
+		return nil, fmt.Errorf("idemrabbit: Options.Prefetch %d: AMQP's prefetch count is at most 65535", opts.Prefetch)
+	}
+	// The longest name made of it, a retry queue's, must be a legal one.
+	if n := len(retryQueue(opts.Queue, maxDelay.Milliseconds())); n > 255 {
+		return nil, fmt.Errorf("idemrabbit: Options.Queue %q: its retry queues' names would pass AMQP's 255 bytes", opts.Queue)
 	}
 	return &Consumer[R]{q: q, opts: opts}, nil
 }
@@ -78,11 +85,12 @@ type settler interface {
 
 // handle decides d with decide, given its key and payload, and settles it.
 func (c *Consumer[R]) handle(ctx context.Context, s settler, d amqp.Delivery, decide func(ctx context.Context, key string, payload any) idemqueue.Decision) (idemqueue.Decision, error) {
+	d = restored(d)
 	var dec idemqueue.Decision
-	if key, err := c.key(d); err != nil {
+	if key, payload, err := c.identify(d); err != nil {
 		dec = c.q.Decide(ctx, key, err)
 	} else {
-		dec = decide(ctx, key, c.payload(d))
+		dec = decide(ctx, key, payload)
 	}
 	var err error
 	switch dec.Action {
@@ -97,7 +105,7 @@ func (c *Consumer[R]) handle(ctx context.Context, s settler, d amqp.Delivery, de
 		err = fmt.Errorf("idemrabbit: settling the delivery (%v): %w", dec.Action, err)
 	}
 	if c.opts.Report != nil {
-		c.opts.Report(d, dec, err)
+		_, _ = contain.Call(func() (struct{}, error) { c.opts.Report(d, dec, err); return struct{}{}, nil })
 	}
 	return dec, err
 }
@@ -113,47 +121,42 @@ func (c *Consumer[R]) handler(d amqp.Delivery, fn func(context.Context, amqp.Del
 // the store itself (a RunOnceTx).
 func (c *Consumer[R]) caller(call func(context.Context, string, any) error) func(context.Context, string, any) idemqueue.Decision {
 	return func(ctx context.Context, key string, payload any) idemqueue.Decision {
-		return c.q.Decide(ctx, key, callGuarded(ctx, key, payload, call))
+		// A panic or a Goexit in call is a failure: retried, as for a
+		// handler's.
+		_, err := contain.Call(func() (struct{}, error) { return struct{}{}, call(ctx, key, payload) })
+		return c.q.Decide(ctx, key, err)
 	}
 }
 
-// callGuarded runs call, turning a panic into an error: the delivery is
-// then retried, as for a handler's panic.
-func callGuarded(ctx context.Context, key string, payload any, call func(context.Context, string, any) error) (err error) {
-	returned := false
-	defer func() {
-		if v := recover(); v != nil || !returned {
-			err = &idem.PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	err = call(ctx, key, payload)
-	returned = true
-	return err
-}
-
-// key is d's key, from Options.Key or its MessageId.
-func (c *Consumer[R]) key(d amqp.Delivery) (key string, err error) {
+// identify returns d's key, from Options.Key or its MessageId, and its
+// payload. A key function's error rejects the delivery; a panic in
+// Options.Key or Options.Payload (a bug, which a fixed deploy may not
+// have) retries it.
+func (c *Consumer[R]) identify(d amqp.Delivery) (key string, payload any, err error) {
 	if c.opts.Key == nil {
-		if d.MessageId == "" {
-			return "", errNoID
+		if key = d.MessageId; key == "" {
+			return "", nil, errNoID
 		}
-		return d.MessageId, nil
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			key, err = "", fmt.Errorf("%w: Options.Key panicked: %v", idem.ErrInvalidKey, v)
+	} else {
+		var kerr error
+		key, err = contain.Call(func() (string, error) {
+			k, err := c.opts.Key(d)
+			kerr = err
+			return k, err
+		})
+		switch {
+		case kerr != nil:
+			return "", nil, fmt.Errorf("%w: Options.Key: %w", idem.ErrInvalidKey, kerr)
+		case err != nil:
+			return "", nil, fmt.Errorf("idemrabbit: Options.Key: %w", err)
 		}
-	}()
-	if key, err = c.opts.Key(d); err != nil {
-		return "", fmt.Errorf("%w: Options.Key: %w", idem.ErrInvalidKey, err)
 	}
-	return key, nil
-}
-
-// payload is what d's redeliveries must agree on.
-func (c *Consumer[R]) payload(d amqp.Delivery) any {
 	if c.opts.Payload == nil {
-		return d.Body
+		return key, d.Body, nil
 	}
-	return c.opts.Payload(d)
+	payload, err = contain.Call(func() (any, error) { return c.opts.Payload(d), nil })
+	if err != nil {
+		return key, nil, fmt.Errorf("idemrabbit: Options.Payload: %w", err)
+	}
+	return key, payload, nil
 }

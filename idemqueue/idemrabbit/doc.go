@@ -21,11 +21,19 @@
 // deletes itself when unused for its delay plus an hour (x-expires), so
 // that the delays a Reconcile hook invents do not pile up queues.
 //
+// A retried delivery arrives from the default exchange, routed by its
+// retry queue; the copy keeps the original's exchange and routing key in
+// headers (x-idem-exchange, x-idem-routing-key), and the handler, Key and
+// Payload see the original's. Delays past seven days wait seven days. A
+// copy that cannot be made (the broker refuses it) puts the delivery back
+// after its delay or five seconds, whichever is less.
+//
 // Run consumes a queue in manual-ack mode with a prefetch, handles up to
 // the prefetch of deliveries at once, and keeps going across a closed
 // channel or connection: it dials again, with a growing pause. Deliveries
 // whose ack was lost with the connection are redelivered by RabbitMQ and
-// replayed.
+// replayed. RabbitMQ closes a channel whose delivery stays unacked past
+// its consumer_timeout (30 minutes by default): keep handlers shorter.
 //
 // A consumer killed mid-handler leaves its key claimed; RabbitMQ
 // redelivers the message at once to the next consumer. What that meets

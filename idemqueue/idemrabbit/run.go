@@ -13,12 +13,14 @@ import (
 
 // Run consumes Options.Queue over connections from dial, handling each
 // delivery with fn, until ctx ends; it then stops consuming, waits for the
-// handlers running, closes its connection and returns ctx's error. A
-// connection or channel that closes is dialed again, after a pause that
-// grows from 100 ms to 5 s while dialing fails; each failure is given to
-// Options.Report's caller through the returned error only when ctx ends,
-// so Run never gives up on a broker that comes back. A nil ctx, dial or fn
-// is an error.
+// handlers running, closes its connection and returns ctx's error, which
+// also says how the last session ended. A connection or channel that
+// closes is dialed again, after a pause that grows from 100 ms to 5 s
+// while dialing fails or sessions end at once, so Run outlasts a broker
+// that goes away and comes back. A refusal no new connection can change
+// ends Run with an error at once: access refused (403), the queue absent
+// without Declare (404), the queue declared with other arguments (406). A
+// nil ctx, dial or fn is an error.
 func (c *Consumer[R]) Run(ctx context.Context, dial func(context.Context) (*amqp.Connection, error), fn func(context.Context, amqp.Delivery) (R, error)) error {
 	if ctx == nil || dial == nil || fn == nil {
 		return errors.New("idemrabbit: Run with a nil context, dial or handler")
@@ -45,7 +47,11 @@ func (c *Consumer[R]) run(ctx context.Context, dial func(context.Context) (*amqp
 	pause := 100 * time.Millisecond
 	var last error
 	for {
+		began := time.Now()
 		err := c.session(ctx, dial, decider)
+		if errors.Is(err, errRefused) {
+			return err
+		}
 		if ctx.Err() != nil {
 			if last != nil {
 				return fmt.Errorf("%w (the last session ended with: %w)", ctx.Err(), last)
@@ -62,7 +68,7 @@ func (c *Consumer[R]) run(ctx context.Context, dial func(context.Context) (*amqp
 			continue
 		case <-t.C:
 		}
-		if errors.Is(err, errDial) {
+		if errors.Is(err, errDial) || time.Since(began) < time.Second {
 			pause = min(2*pause, 5*time.Second)
 		} else {
 			pause = 100 * time.Millisecond
@@ -70,8 +76,22 @@ func (c *Consumer[R]) run(ctx context.Context, dial func(context.Context) (*amqp
 	}
 }
 
-// errDial marks a session that never began.
-var errDial = errors.New("idemrabbit: dialing")
+// errDial marks a session that never began; errRefused one the broker
+// refused in a way no new connection changes.
+var (
+	errDial    = errors.New("idemrabbit: dialing")
+	errRefused = errors.New("idemrabbit: refused")
+)
+
+// setupErr is how a session's setup failed: refused for good, or worth
+// dialing again.
+func setupErr(err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotFound || ae.Code == amqp.PreconditionFailed) {
+		return fmt.Errorf("%w: %w", errRefused, err)
+	}
+	return fmt.Errorf("%w: %w", errDial, err)
+}
 
 // session consumes over one connection until it closes or ctx ends.
 func (c *Consumer[R]) session(ctx context.Context, dial func(context.Context) (*amqp.Connection, error), decider func(amqp.Delivery) func(context.Context, string, any) idemqueue.Decision) error {
@@ -82,16 +102,17 @@ func (c *Consumer[R]) session(ctx context.Context, dial func(context.Context) (*
 	defer conn.Close()
 	s, err := open(conn, c.opts)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errDial, err)
+		return setupErr(err)
 	}
 	closed := s.consume.NotifyClose(make(chan *amqp.Error, 1))
 	pubClosed := s.publish.NotifyClose(make(chan *amqp.Error, 1))
 	deliveries, err := s.consume.ConsumeWithContext(ctx, c.opts.Queue, "", false, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("%w: consuming %s: %w", errDial, c.opts.Queue, err)
+		return setupErr(fmt.Errorf("consuming %s: %w", c.opts.Queue, err))
 	}
 	var wg sync.WaitGroup
-	defer wg.Wait() // before the connection closes: their settles go out
+	defer wg.Wait()      // before the connection closes: their settles go out
+	defer close(s.ended) // first: a handler waiting to put its delivery back stops waiting
 	slots := make(chan struct{}, c.opts.Prefetch)
 	for {
 		select {
@@ -105,6 +126,7 @@ func (c *Consumer[R]) session(ctx context.Context, dial func(context.Context) (*
 			if !ok {
 				return errClosed
 			}
+			d = restored(d) // for the handler too, which decider(d) binds
 			slots <- struct{}{}
 			wg.Add(1)
 			go func() {

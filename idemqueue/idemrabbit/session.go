@@ -16,12 +16,13 @@ type session struct {
 	queue   string
 	consume *amqp.Channel
 	publish *amqp.Channel
+	ended   chan struct{} // closed when the session stops taking deliveries
 }
 
 // open opens a session on conn: the queue declared if asked, the prefetch
 // set, the publisher confirms on.
 func open(conn *amqp.Connection, opts Options) (*session, error) {
-	s := &session{queue: opts.Queue}
+	s := &session{queue: opts.Queue, ended: make(chan struct{})}
 	var err error
 	if s.consume, err = conn.Channel(); err != nil {
 		return nil, err
@@ -60,13 +61,38 @@ func (s *session) reject(d amqp.Delivery, deadLetter bool) error {
 	return d.Ack(false)
 }
 
+// maxDelay is the longest a retry waits: RabbitMQ refuses a retry queue
+// whose x-expires is much longer (value_too_large), and a declare it
+// refuses closes the channel.
+const maxDelay = 7 * 24 * time.Hour
+
 // retry has d delivered again after delay: a copy waits in the retry
-// queue of that delay, confirmed by the broker before d is acked.
+// queue of that delay, confirmed by the broker before d is acked. If the
+// copy cannot be made, d is put back (Nack with requeue) after the delay
+// or at most a few seconds, or as the session ends: never left unacked on
+// a live channel, where it would hold a prefetch slot for good.
 func (s *session) retry(ctx context.Context, d amqp.Delivery, delay time.Duration) error {
-	ms := delay.Milliseconds()
-	if ms <= 0 {
+	if delay <= 0 {
 		return d.Nack(false, true)
 	}
+	err := s.copyToRetry(ctx, d, min(delay, maxDelay))
+	if err == nil {
+		return d.Ack(false)
+	}
+	t := time.NewTimer(min(delay, 5*time.Second))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.ended:
+	case <-ctx.Done():
+	}
+	return errors.Join(err, d.Nack(false, true))
+}
+
+// copyToRetry publishes a copy of d to the retry queue of delay and waits
+// for the broker's confirm.
+func (s *session) copyToRetry(ctx context.Context, d amqp.Delivery, delay time.Duration) error {
+	ms := (delay + time.Millisecond - 1).Milliseconds() // under 1 ms is 1 ms, not at once
 	// Declared at every use: x-expires counts a declare as a use, not a
 	// publish, and a retry queue that expired would take its copies.
 	name := retryQueue(s.queue, ms)
@@ -79,10 +105,11 @@ func (s *session) retry(ctx context.Context, d amqp.Delivery, delay time.Duratio
 		return fmt.Errorf("declaring %s: %w", name, err)
 	}
 	// The copy must be confirmed whatever the caller's ctx: the
-	// original is acked only then.
+	// original is acked only then. Not mandatory: the queue was just
+	// declared, and a returned copy would be confirmed all the same.
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	conf, err := s.publish.PublishWithDeferredConfirmWithContext(pctx, "", name, true, false, copyOf(d))
+	conf, err := s.publish.PublishWithDeferredConfirmWithContext(pctx, "", name, false, false, copyOf(d))
 	if err != nil {
 		return fmt.Errorf("publishing to %s: %w", name, err)
 	}
@@ -93,7 +120,7 @@ func (s *session) retry(ctx context.Context, d amqp.Delivery, delay time.Duratio
 	case !ok:
 		return fmt.Errorf("the broker refused the copy in %s", name)
 	}
-	return d.Ack(false)
+	return nil
 }
 
 // retryQueue is the name of queue's retry queue for a delay of ms.
@@ -101,14 +128,39 @@ func retryQueue(queue string, ms int64) string {
 	return queue + ".retry." + strconv.FormatInt(ms, 10)
 }
 
-// copyOf is d as a new publishing, persistent.
+// The headers a copy keeps its original's exchange and routing key in: a
+// retried delivery arrives from the default exchange, routed by its retry
+// queue, and handle gives the handler the original's back.
+const (
+	exchangeHeader   = "x-idem-exchange"
+	routingKeyHeader = "x-idem-routing-key"
+)
+
+// copyOf is d as a new publishing, persistent, with its exchange and
+// routing key in headers.
 func copyOf(d amqp.Delivery) amqp.Publishing {
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		headers[k] = v
+	}
+	headers[exchangeHeader], headers[routingKeyHeader] = d.Exchange, d.RoutingKey
 	return amqp.Publishing{
-		Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+		Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
 		DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
 		ReplyTo: d.ReplyTo, MessageId: d.MessageId, Timestamp: d.Timestamp,
 		Type: d.Type, UserId: d.UserId, AppId: d.AppId, Body: d.Body,
 	}
+}
+
+// restored is d with the exchange and routing key of the delivery it is
+// a retried copy of, if it is one.
+func restored(d amqp.Delivery) amqp.Delivery {
+	ex, ok1 := d.Headers[exchangeHeader].(string)
+	rk, ok2 := d.Headers[routingKeyHeader].(string)
+	if ok1 && ok2 {
+		d.Exchange, d.RoutingKey = ex, rk
+	}
+	return d
 }
 
 // errClosed is what a session's end is reported as when the broker gave

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,7 +85,7 @@ func (op *operation) resumeWith(st backend.Stepper, claim backend.Record, now fu
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settle)
 		defer cancel()
 		defer context.AfterFunc(stopping, cancel)()
-		return st.RecordStep(ctx, claim.Key, claim.Token, s, now())
+		return recordStep(ctx, st, claim, s, now)
 	}
 	for _, s := range claim.Steps {
 		if op.steps == nil {
@@ -91,6 +93,34 @@ func (op *operation) resumeWith(st backend.Stepper, claim backend.Record, now fu
 		}
 		op.steps[s.Name] = s
 		op.recorded = true
+	}
+}
+
+// recordStep records s under claim until ctx ends. A failed write may
+// have landed (its reply lost): the record is read back, and the step is
+// recorded if the claim holds it, so that a step that landed is never
+// reported lost (its run would fail, release the claim with the step, and
+// the next run would do the step's effect again). RecordStep replaces a
+// step of the same name, so writing it again is safe.
+func recordStep(ctx context.Context, st backend.Stepper, claim backend.Record, s backend.Step, now func() time.Time) error {
+	wait := settleMin
+	for {
+		err := st.RecordStep(ctx, claim.Key, claim.Token, s, now())
+		if err == nil || refused(err) || errors.Is(err, backend.ErrNotOwner) {
+			return err
+		}
+		rec, found, gerr := st.Get(ctx, claim.Key, now())
+		switch {
+		case gerr != nil:
+		case !found || rec.Token != claim.Token:
+			return fmt.Errorf("%w (%w)", backend.ErrNotOwner, err)
+		case slices.ContainsFunc(rec.Steps, func(got backend.Step) bool { return got.Name == s.Name && bytes.Equal(got.Value, s.Value) }):
+			return nil
+		}
+		if !pause(ctx.Done(), wait) {
+			return err
+		}
+		wait = min(2*wait, settleMax)
 	}
 }
 
@@ -134,7 +164,9 @@ var errOperationEnded = errors.New("idem: Step after its operation ended; fn did
 // outcome. If the step's outcome cannot be recorded (the claim was lost to
 // another owner, the backend failed for Options.SettleTimeout, the store
 // closed), Step returns fn's result with an error: the operation should
-// fail, and its next run runs the step again.
+// fail, and its next run runs the step again. A step not yet recorded does
+// not start once ctx has ended (the claim's lease lost, the execution timed
+// out): Step returns ctx's cause, and fn does not run.
 func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	if ctx == nil {
@@ -170,6 +202,13 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		return val, c.err
 	}
 	s, recorded := op.steps[name]
+	if !recorded && ctx.Err() != nil {
+		// The lease lost (another owner may run this very step now), the
+		// execution timed out: no new effect starts. A recorded step
+		// still answers, since it does nothing.
+		op.mu.Unlock()
+		return zero, fmt.Errorf("idem: step %q not started: %w", name, context.Cause(ctx))
+	}
 	c := &stepCall{ready: make(chan struct{})}
 	if op.done == nil {
 		op.done = make(map[string]*stepCall)

@@ -163,8 +163,9 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 		// The backend's record is gone: the forget happened. A call that
 		// claimed the key here since came after it, and is neither
 		// refused nor dropped (reporting a refusal would tell the
-		// operator the old record is still there).
-		if err := s.table.forget(key); err != nil && !errors.Is(err, ErrKeyHeld) {
+		// operator the old record is still there); nor is a Close that
+		// came between (memory then holds nothing for the key anyway).
+		if err := s.table.forget(key); err != nil && !errors.Is(err, ErrKeyHeld) && !errors.Is(err, ErrClosed) {
 			return err
 		}
 		return nil

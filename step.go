@@ -1,10 +1,10 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"bytes"
 	"errors"
 	"fmt"
 	"slices"

@@ -233,14 +233,15 @@ WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_un
 		// interrupted key, which never expires) would be read again by
 		// every sweep; so would rows without sweep_at (claimed by a
 		// version before it). Each is given the next instant it could be
-		// due: its expiry, or for a pending one, $2 microseconds on.
+		// due: its expiry, or for a pending one none ('infinity': its
+		// Complete, if it comes, brings sweep_at down to its expiry).
 		reaim: `WITH early AS (
     SELECT key FROM ` + t + ` WHERE sweep_at <= now() AND NOT (state = 2 AND expires_at <= now())
     ORDER BY sweep_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ), unset AS (
     SELECT key FROM ` + t + ` WHERE sweep_at IS NULL LIMIT $1 FOR UPDATE SKIP LOCKED
 )
-UPDATE ` + t + ` r SET sweep_at = CASE WHEN state = 2 THEN expires_at ELSE now() + $2::bigint * interval '1 microsecond' END
+UPDATE ` + t + ` r SET sweep_at = CASE WHEN state = 2 THEN expires_at ELSE 'infinity' END
 FROM (SELECT key FROM early UNION SELECT key FROM unset) due WHERE r.key = due.key`,
 		// RecordStep's read: the steps of the claim token holds, locked
 		// until its transaction ends, and the server's now for the step.
@@ -331,16 +332,6 @@ func (b *Backend) learn(ttl time.Duration) {
 	}
 }
 
-// pendingRecheck is how long a sweep leaves a pending row it found due
-// by sweep_at before it looks at it again: the TTL, or an hour before one
-// is known.
-func (b *Backend) pendingRecheck() int64 {
-	if us := b.ttl.Load(); us > 0 {
-		return us
-	}
-	return micros(time.Hour)
-}
-
 // Complete records the outcome, expiring ttl after the server's now.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
 	b.learn(ttl)
@@ -382,6 +373,10 @@ func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
 	return nil
 }
 
+// reaimRounds bounds the re-aiming rounds of one Sweep: at most that many
+// times limit rows are moved along the index.
+const reaimRounds = 8
+
 // Sweep judges expiry by the server's clock.
 func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
 	if limit <= 0 {
@@ -392,18 +387,21 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 		return 0, err
 	}
 	n := int(tag.RowsAffected())
-	if n == limit {
-		return n, nil
-	}
 	// Fewer than limit were due: re-aim the rows the index holds too
-	// early (or not at all), and sweep those of them that are due.
-	if tag, err = b.exec(ctx, b.q.reaim, limit-n, b.pendingRecheck()); err != nil || tag.RowsAffected() == 0 {
-		return n, err
+	// early (or not at all), and sweep those of them that are due; a few
+	// rounds, so that re-aiming keeps up with the rows turning early
+	// (helper-38: one round a sweep fell behind, and every sweep read the
+	// pile), and a bounded number, since re-aimed rows are not counted.
+	for round := 0; n < limit && round < reaimRounds; round++ {
+		if tag, err = b.exec(ctx, b.q.reaim, limit-n); err != nil || tag.RowsAffected() == 0 {
+			return n, err
+		}
+		if tag, err = b.exec(ctx, b.q.sweep, limit-n); err != nil {
+			return n, err
+		}
+		n += int(tag.RowsAffected())
 	}
-	if tag, err = b.exec(ctx, b.q.sweep, limit-n); err != nil {
-		return n, err
-	}
-	return n + int(tag.RowsAffected()), nil
+	return n, nil
 }
 
 // exec runs a statement, retried on a conflict.

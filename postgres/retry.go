@@ -81,8 +81,21 @@ func explained(err error) error {
 }
 
 // answered reports whether err is the server's own refusal of a
-// statement: a statement sent alone then took no effect.
+// statement before it could take effect: an error of a class raised while
+// the statement is planned or checked (42 syntax or an undefined column,
+// 22 data, 23 a constraint, 0A unsupported, 25006 a read-only server,
+// 55P03 a lock not available), at ERROR severity. Not any PgError: a
+// connection pooler answers a server connection lost after the commit
+// with an error response of its own (08P01), and a claim that committed
+// must be read back, not reported refused (helper-38).
 func answered(err error) bool {
 	var pe *pgconn.PgError
-	return err != nil && errors.As(err, &pe)
+	if err == nil || !errors.As(err, &pe) || pe.Severity != "ERROR" || len(pe.Code) != 5 {
+		return false
+	}
+	switch pe.Code[:2] {
+	case "42", "22", "23", "0A":
+		return true
+	}
+	return pe.Code == "25006" || pe.Code == "55P03"
 }

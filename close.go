@@ -9,11 +9,13 @@ import (
 // Close stops the sweeper, refuses later calls with ErrClosed, and waits for
 // executions in flight and open tickets to finish, be recorded and be told
 // to the Observer; Options.ExecutionTimeout bounds that wait for an fn that
-// honours its context, and Shutdown bounds it by a context. Claims whose fate the store
-// could not learn (a lost reply while the backend was failing) then get up
-// to Options.SettleTimeout more to be released, so that they do not leave
-// their keys interrupted; one still unknown after that is left to its
-// lease. Close does not close Options.Backend, which the caller opened.
+// honours its context, and Shutdown bounds it by a context. Claims whose
+// fate the store could not learn (a lost reply while the backend was
+// failing) then get up to Options.SettleTimeout more to be released, and
+// outcomes the Backend had not taken yet (memory holds them) as long to be
+// recorded, so that they do not leave their keys interrupted; one still
+// unknown or unrecorded after that is left to its lease, and Shutdown
+// says so. Close does not close Options.Backend, which the caller opened.
 // Callers waiting on those executions still get their outcomes. Close is
 // idempotent: later calls return nil once the first has finished. Calling
 // Close from inside fn deadlocks, since Close waits for fn.
@@ -39,12 +41,12 @@ func (s *Store[R]) Shutdown(ctx context.Context) error {
 	s.startClose()
 	select {
 	case <-s.closeDone:
-		return nil
+		return s.gaveUp()
 	case <-ctx.Done():
 	}
 	select {
 	case <-s.closeDone: // finished at the same moment
-		return nil
+		return s.gaveUp()
 	default:
 	}
 	inFlight, pinned := s.table.held()
@@ -52,10 +54,19 @@ func (s *Store[R]) Shutdown(ctx context.Context) error {
 	telling := s.telling.Load()
 	if inFlight == 0 && pinned == 0 && !releasing && telling == 0 {
 		<-s.closeDone // idle: what is left ends at once, as for http.Server
-		return nil
+		return s.gaveUp()
 	}
 	return fmt.Errorf("idem: shutdown: %w; left keys in flight: %d, outcomes not yet recorded: %d, releases of unknown fate pending: %v, executions whose end the Observer is still being told: %d",
 		ctx.Err(), inFlight, pinned, releasing, telling)
+}
+
+// gaveUp is Shutdown's error for outcomes that closing gave up writing to
+// the Backend, or nil.
+func (s *Store[R]) gaveUp() error {
+	if n := s.abandoned.Load(); n > 0 {
+		return fmt.Errorf("idem: shutdown: %d outcomes were not recorded in the Backend within the settle timeout; their keys read as interrupted once their leases lapse", n)
+	}
+	return nil
 }
 
 // startClose starts closing the store, once, on a goroutine of its own;
@@ -80,16 +91,20 @@ func (s *Store[R]) closeWait() {
 		<-s.swept
 	}
 	s.table.running.Wait()
-	// Claims of unknown fate get a settle timeout to be released, so
-	// that closing a store during a backend blip strands no key.
+	// Claims of unknown fate get a settle timeout to be released, and
+	// outcomes held for a Backend that had not taken them the same to be
+	// recorded, so that closing a store during a backend blip strands no
+	// key (an outcome given up leaves its key interrupted, and with
+	// RetryInterrupted it would run again).
+	grace := time.NewTimer(s.opts.SettleTimeout)
+	defer grace.Stop()
 	if idle := s.releases.done(); idle != nil {
-		grace := time.NewTimer(s.opts.SettleTimeout)
 		select {
 		case <-idle:
 		case <-grace.C:
 		}
-		grace.Stop()
 	}
+	s.abandoned.Store(s.awaitRecording(grace.C))
 	s.endClosing()
 	s.background.Wait()
 }

@@ -112,3 +112,61 @@ func TestForgetThatLandedIsNotReportedClosed(t *testing.T) {
 		t.Errorf("Forget returned %v, yet the record is gone", err)
 	}
 }
+
+// Close gave a success the Backend had not yet taken no time at all to be
+// recorded, though the Backend was back; Shutdown then said nil, and with
+// RetryInterrupted the next store ran the success again.
+func TestCloseRecordsAHeldOutcomeOnceTheBackendIsBack(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	var down atomic.Bool
+	down.Store(true)
+	opts := Options{SweepInterval: -1, SettleTimeout: 200 * time.Millisecond, Lease: 100 * time.Millisecond, RetryInterrupted: true}
+	opts.Backend = idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Complete" && down.Load() {
+			return errors.New("blip")
+		}
+		return nil
+	}}
+	var runs atomic.Int32
+	fn := func(context.Context) (int, error) { runs.Add(1); return 7, nil }
+	s := New[int](opts)
+	if v, err := s.RunOnce(context.Background(), "k", "p", fn); v != 7 {
+		t.Fatal(v, err)
+	}
+	down.Store(false) // the backend is back
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if rec, _, _ := mem.Get(context.Background(), "k", time.Now()); rec.State != backend.StateCompleted {
+		t.Fatalf("Shutdown returned nil, yet the success is not recorded (state %v)", rec.State)
+	}
+	opts.Backend = mem
+	s2 := New[int](opts)
+	defer s2.Close()
+	if _, err := s2.RunOnce(context.Background(), "k", "p", fn); err != nil {
+		t.Fatal(err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("a success ran %d times", n)
+	}
+}
+
+// A backend that never takes the outcome: Shutdown says it gave up.
+func TestShutdownSaysItGaveUpAHeldOutcome(t *testing.T) {
+	s := New[int](Options{SweepInterval: -1, SettleTimeout: 50 * time.Millisecond, Backend: idemtest.Faulty{
+		Backend: idemtest.NewMemoryBackend(),
+		Fail: func(op string) error {
+			if op == "Complete" {
+				return errors.New("down")
+			}
+			return nil
+		}}})
+	_, _ = s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 7, nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err == nil {
+		t.Error("Shutdown said nil, yet it gave up recording an outcome")
+	}
+}

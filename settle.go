@@ -131,9 +131,17 @@ func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error 
 // a later execution's entry for the key. It gives up when the store
 // closes; after a restart the key is interrupted.
 func (s *Store[R]) completeLater(done backend.Record, e *entry[R], stopLease func()) {
+	s.recording.Add(1)
 	s.startBackground(func() {
+		defer func() {
+			s.recording.Add(-1)
+			select {
+			case s.recorded <- struct{}{}:
+			default:
+			}
+		}()
 		defer stopLease()
-		for wait := settleMin; pause(s.closing.Done(), wait); wait = min(2*wait, settleMax) {
+		for wait := settleMin; ; wait = min(2*wait, settleMax) {
 			ctx, cancel := context.WithTimeout(s.closing, s.opts.SettleTimeout)
 			err := s.complete(ctx, done)
 			cancel()
@@ -143,8 +151,27 @@ func (s *Store[R]) completeLater(done backend.Record, e *entry[R], stopLease fun
 				}
 				return
 			}
+			if !pause(s.closing.Done(), wait) {
+				return
+			}
 		}
 	})
+}
+
+// awaitRecording waits until no held outcome is still being written to
+// the Backend, or until grace ends; it returns how many it gave up on.
+func (s *Store[R]) awaitRecording(grace <-chan time.Time) int64 {
+	for {
+		n := s.recording.Load()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-s.recorded:
+		case <-grace:
+			return s.recording.Load()
+		}
+	}
 }
 
 // holdLease keeps a claim's lease renewed until the store closes, for an

@@ -32,6 +32,13 @@ type Store[R any] struct {
 	endStopping, endClosing context.CancelFunc
 	background              sync.WaitGroup
 	telling                 atomic.Int64 // executions whose end the Observer is being told; in background too
+	// recording counts the outcomes held in memory that completeLater
+	// is still writing to the Backend; each that ends sends on recorded.
+	// Close waits for them (SettleTimeout at most), and abandoned is how
+	// many it gave up on.
+	recording atomic.Int64
+	recorded  chan struct{}
+	abandoned atomic.Int64
 	releases                releaser     // claims of unknown fate, released in the background
 }
 
@@ -46,6 +53,7 @@ func New[R any](opts Options) *Store[R] {
 		misuse:    opts.check(),
 		stop:      make(chan struct{}),
 		closeDone: make(chan struct{}),
+		recorded:  make(chan struct{}, 1),
 	}
 	s.table = newTable[R](s.opts.MaxKeys)
 	s.stopping, s.endStopping = context.WithCancel(context.Background())

@@ -39,7 +39,7 @@ type Store[R any] struct {
 	recording atomic.Int64
 	recorded  chan struct{}
 	abandoned atomic.Int64
-	releases                releaser     // claims of unknown fate, released in the background
+	releases  releaser // claims of unknown fate, released in the background
 }
 
 // testHookWait, if set, runs each time a caller starts waiting for an

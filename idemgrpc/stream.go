@@ -27,27 +27,33 @@ type recordingStream struct {
 }
 
 func (r *recordingStream) SetHeader(md metadata.MD) error {
-	r.record(&r.header, md)
-	if r.ServerTransportStream == nil {
-		return nil
+	if r.ServerTransportStream != nil {
+		if err := r.ServerTransportStream.SetHeader(md); err != nil {
+			return err // not sent: not remembered
+		}
 	}
-	return r.ServerTransportStream.SetHeader(md)
+	r.record(&r.header, md)
+	return nil
 }
 
 func (r *recordingStream) SendHeader(md metadata.MD) error {
-	r.record(&r.header, md)
-	if r.ServerTransportStream == nil {
-		return nil
+	if r.ServerTransportStream != nil {
+		if err := r.ServerTransportStream.SendHeader(md); err != nil {
+			return err // not sent: not remembered
+		}
 	}
-	return r.ServerTransportStream.SendHeader(md)
+	r.record(&r.header, md)
+	return nil
 }
 
 func (r *recordingStream) SetTrailer(md metadata.MD) error {
-	r.record(&r.trailer, md)
-	if r.ServerTransportStream == nil {
-		return nil
+	if r.ServerTransportStream != nil {
+		if err := r.ServerTransportStream.SetTrailer(md); err != nil {
+			return err // not sent: not remembered
+		}
 	}
-	return r.ServerTransportStream.SetTrailer(md)
+	r.record(&r.trailer, md)
+	return nil
 }
 
 // record adds the part of md that is remembered to *to.

@@ -90,7 +90,9 @@ func WithKey(req *http.Request, key string) *http.Request {
 // or as an sf-string where ParseKey would read it otherwise (a comma, a
 // leading quote).
 func encodeKey(key string) string {
-	if !strings.ContainsRune(key, ',') && !strings.HasPrefix(key, `"`) {
+	// Quoted too when it begins or ends with a space or a tab, which a
+	// header value loses: "order-7 " must not arrive as "order-7".
+	if !strings.ContainsRune(key, ',') && !strings.HasPrefix(key, `"`) && strings.Trim(key, " \t") == key {
 		return key
 	}
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`

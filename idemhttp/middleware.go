@@ -180,9 +180,13 @@ type Guard struct {
 // application/problem+json.
 //
 // A response is remembered if its status is 2xx, 3xx, or 4xx other than 408,
-// 409, 425 and 429, and it was neither streamed (Flush, Hijack) nor larger
-// than opts.MaxStoredBody. Any other response, or a panic, is delivered as it
-// is but releases the key, so the next retry runs the handler again.
+// 409, 425 and 429; one that was streamed (Flush), larger than
+// opts.MaxStoredBody, or shorter or longer than the Content-Length it was
+// sent with is remembered without its body, and its replay says so
+// (BodyOmittedHeader). Headers the handler found set (by middleware outside
+// the guard) and left as they were are not remembered: a replay carries
+// the retry's own. Any other status, or a panic, is delivered as it is but
+// releases the key, so the next retry runs the handler again.
 //
 // The handler runs under a context that a client hanging up does not cancel,
 // and the outcome is recorded under it too, so a completed response is never
@@ -367,6 +371,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	}()
 	before := w.Header().Clone() // to undo what a handler that panics set
 	rec := newRecorder(w, g.headers, g.opts.MaxStoredBody)
+	rec.before = before
 	_, err = t.Do(func(ctx context.Context) (Response, error) {
 		next.ServeHTTP(rec, req.WithContext(ctx))
 		resp, ok := rec.response()

@@ -3,8 +3,11 @@ package idemhttp
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -23,14 +26,15 @@ type Response struct {
 
 	// Omitted says why the body was not kept, for a response whose status
 	// is remembered but whose body could not be: "streamed" (the handler
-	// flushed or hijacked) or "too-large" (past Options.MaxStoredBody).
+	// flushed), "too-large" (past Options.MaxStoredBody) or "truncated"
+	// (not the Content-Length it was sent with).
 	// Empty when Body is the whole body.
 	Omitted string `json:"omitted,omitempty"`
 }
 
 // BodyOmittedHeader marks a replay whose original body was not kept: the
 // handler ran and answered with the replayed status, and the header's value
-// says why the body is missing ("streamed" or "too-large"). A client must
+// says why the body is missing ("streamed", "too-large" or "truncated"). A client must
 // not run the request again to get the body; it can fetch the resource (the
 // replay keeps Location) instead.
 const BodyOmittedHeader = "Idempotent-Body-Omitted"
@@ -117,6 +121,10 @@ type recorder struct {
 	streamed  bool  // the handler flushed or hijacked: remembered without the body
 	released  bool  // ReleaseKey: the handler failed without a response
 	clientErr error // the first failed write to the client, which is gone
+
+	before   http.Header // the headers set before the handler ran (outer middleware's): not the handler's to remember
+	declared int64       // the Content-Length the response was sent with; -1 if none
+	written  int64       // body bytes the handler wrote
 }
 
 // ReleaseKey tells the guard whose handler writes to w that the handler
@@ -125,7 +133,8 @@ type recorder struct {
 // that gin middleware outside the guard renders): the key is released and
 // nothing is remembered, so a retry runs the handler again. It reports
 // false, and changes nothing, if w is not a guarded handler's writer or a
-// response has already been started.
+// response has already been started. A response the handler writes after
+// it is remembered as any other.
 func ReleaseKey(w http.ResponseWriter) bool {
 	for {
 		switch x := w.(type) {
@@ -144,7 +153,7 @@ func ReleaseKey(w http.ResponseWriter) bool {
 }
 
 func newRecorder(w http.ResponseWriter, headers headerPolicy, maxBody int) *recorder {
-	return &recorder{w: w, headers: headers, maxBody: maxBody}
+	return &recorder{w: w, headers: headers, maxBody: maxBody, declared: -1}
 }
 
 func (r *recorder) Header() http.Header { return r.w.Header() }
@@ -157,21 +166,30 @@ func (r *recorder) WriteHeader(code int) {
 		r.w.WriteHeader(code) // informational: passed on, not the response
 		return
 	}
-	r.resp.Status = code
+	// A response after ReleaseKey is the handler's answer after all:
+	// remembered as any other, whole.
+	r.released = false
+	if cl := r.w.Header().Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil {
+			r.declared = n
+		}
+	}
 	r.keepHeaders()
-	r.w.WriteHeader(code)
+	saved := r.resp.Header
+	r.resp.Header = nil
+	r.w.WriteHeader(code) // panics, as net/http does, on an invalid code: nothing is sent
+	r.resp.Status, r.resp.Header = code, saved
 }
 
 // keepHeaders copies the headers to remember as they stand when the
 // response is sent; trailers are taken when the handler returns.
 func (r *recorder) keepHeaders() {
 	h := r.w.Header()
-	declared := trailerNames(h)
 	for name, v := range h {
 		// net/http sends a key set without canonicalising as it is: judge
 		// it by its canonical name, so "set-cookie" is Set-Cookie.
 		canon := http.CanonicalHeaderKey(name)
-		if strings.HasPrefix(name, http.TrailerPrefix) || declared[canon] || !r.headers.keeps(canon) {
+		if strings.HasPrefix(name, http.TrailerPrefix) || !r.headers.keeps(canon) || slices.Equal(r.before[name], v) {
 			continue
 		}
 		if r.resp.Header == nil {
@@ -245,10 +263,14 @@ func (r *recorder) Write(p []byte) (int, error) {
 			r.resp.Body = append(r.resp.Body, p...)
 		}
 	}
+	r.written += int64(len(p))
 	if r.clientErr == nil {
 		n, err := r.w.Write(p)
 		if err == nil || !r.complete() {
 			return n, err
+		}
+		if errors.Is(err, http.ErrContentLength) || errors.Is(err, http.ErrBodyNotAllowed) {
+			return n, err // the handler's mistake, not a gone client: it is told
 		}
 		r.clientErr = err // the client is gone: the body goes on being kept
 	}
@@ -260,19 +282,29 @@ func (r *recorder) Write(p []byte) (int, error) {
 
 // Flush sends what was written so far: the response is streamed, so it is
 // not remembered.
-func (r *recorder) Flush() {
+func (r *recorder) Flush() { _ = r.FlushError() }
+
+// FlushError is Flush that says whether it flushed, for
+// http.ResponseController.
+func (r *recorder) FlushError() error {
 	if r.resp.Status == 0 {
 		r.WriteHeader(http.StatusOK) // what net/http sends on a flush before WriteHeader
 	}
-	r.streamed = true
-	_ = http.NewResponseController(r.w).Flush()
+	err := http.NewResponseController(r.w).Flush()
+	if err == nil {
+		r.streamed = true
+	}
+	return err
 }
 
 // Hijack hands the connection to the handler: the response is not
 // remembered.
 func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	r.streamed = true
-	return http.NewResponseController(r.w).Hijack()
+	conn, rw, err := http.NewResponseController(r.w).Hijack()
+	if err == nil {
+		r.streamed = true
+	}
+	return conn, rw, err
 }
 
 // Unwrap lets http.ResponseController reach the client's ResponseWriter for
@@ -301,8 +333,12 @@ func (r *recorder) response() (Response, bool) {
 	if !remembered(resp.Status) {
 		return resp, false
 	}
-	if !r.complete() {
+	short := r.declared >= 0 && r.written != r.declared && resp.Status != http.StatusNoContent && resp.Status != http.StatusNotModified
+	if !r.complete() || short {
 		resp.Body, resp.Omitted = nil, "too-large"
+		if short {
+			resp.Omitted = "truncated"
+		}
 		if r.streamed {
 			resp.Omitted = "streamed"
 		}

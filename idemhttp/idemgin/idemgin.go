@@ -86,7 +86,7 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 			defer func() { c.Writer, c.Request = orig, origReq }()
 			before := len(c.Errors) // errors of middleware outside the guard are not the handler's
 			c.Next()
-			if !gw.forwarded && len(c.Errors) > before {
+			if !gw.forwarded && len(c.Errors) > before && (gw.status == 0 || gw.status >= 400) {
 				// gin's error pattern: c.Error or c.AbortWithError, with no
 				// body yet, for a middleware outside the guard (or gin
 				// itself) to render once the guard has returned. That

@@ -72,6 +72,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -91,8 +92,10 @@ type Backend struct {
 	rdb    redis.UniversalClient
 	prefix string
 	// legacyIndex is the sorted set of completed keys by expiry that
-	// releases before this one wrote on every Complete; Sweep deletes it.
+	// releases before this one wrote on every Complete; Sweep deletes it
+	// if it is one, and stops looking once it has found none.
 	legacyIndex string
+	legacyGone  atomic.Bool
 	dials       *dialWatch // a hook on rdb: how its latest dial ended
 }
 
@@ -458,10 +461,25 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 	if limit <= 0 {
 		return 0, nil
 	}
+	if b.legacyGone.Load() {
+		return 0, nil
+	}
 	return 0, bound0(ctx, b.dials, func(ctx context.Context) error {
-		return b.rdb.Unlink(ctx, b.legacyIndex).Err()
+		n, err := unlinkLegacyScript.Run(ctx, b.rdb, []string{b.legacyIndex}).Int()
+		if err == nil && n == 0 {
+			b.legacyGone.Store(true)
+		}
+		return err
 	})
 }
+
+// unlinkLegacyScript deletes the legacy index only if it is a sorted set:
+// a key of the application's own under the same prefix is left alone
+// (helper-38: Sweep deleted a hash named <prefix>expiry every minute).
+var unlinkLegacyScript = redis.NewScript(`if redis.call('TYPE', KEYS[1]).ok == 'zset' then
+  return redis.call('UNLINK', KEYS[1])
+end
+return 0`)
 
 // ExpiresRecords marks the backend as backend.SelfExpiring.
 func (*Backend) ExpiresRecords() {}

@@ -34,7 +34,7 @@ func (s *Store[R]) claimExited(t *Ticket[R]) {
 	switch {
 	case e == nil || t.finished:
 		return
-	case t.stopLease != nil: // the claim is fully made: finish it
+	case t.stopLease != nil || t.begun: // the claim is fully made (and told): finish it
 		t.finished = true
 		var zero R
 		s.finish(t, zero, errGoexit)
@@ -62,6 +62,7 @@ func (s *Store[R]) observedBegin(ctx context.Context, key string, payload any, w
 		return err
 	}
 	t.start = start
+	t.begun = true // before: a Goexit in Executing still ends what began
 	s.executing(ctx, +1)
 	return nil
 }

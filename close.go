@@ -53,7 +53,18 @@ func (s *Store[R]) Shutdown(ctx context.Context) error {
 	releasing := s.releases.done() != nil
 	telling := s.telling.Load()
 	if inFlight == 0 && pinned == 0 && !releasing && telling == 0 {
-		<-s.closeDone // idle: what is left ends at once, as for http.Server
+		// Idle: what is left ends at once, as for http.Server, unless
+		// the sweeper is inside a Backend.Sweep or an Observer.Sweep
+		// that has not returned: that is not waited for past ctx.
+		if s.swept != nil {
+			select {
+			case <-s.swept:
+			case <-s.closeDone:
+			default:
+				return fmt.Errorf("idem: shutdown: %w; left the sweeper running (a Backend.Sweep or Observer.Sweep that has not returned)", ctx.Err())
+			}
+		}
+		<-s.closeDone
 		return s.gaveUp()
 	}
 	return fmt.Errorf("idem: shutdown: %w; left keys in flight: %d, outcomes not yet recorded: %d, releases of unknown fate pending: %v, executions whose end the Observer is still being told: %d",

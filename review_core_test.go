@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -168,5 +169,62 @@ func TestShutdownSaysItGaveUpAHeldOutcome(t *testing.T) {
 	defer cancel()
 	if err := s.Shutdown(ctx); err == nil {
 		t.Error("Shutdown said nil, yet it gave up recording an outcome")
+	}
+}
+
+// An Observer.Sweep that does not return held Shutdown past its ctx.
+func TestShutdownDoesNotWaitForAStuckSweeperPastItsContext(t *testing.T) {
+	entered, gate := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	s := New[int](Options{SweepInterval: time.Millisecond, Observer: &Observer{
+		Sweep: func(context.Context, int, error) {
+			if once.CompareAndSwap(false, true) {
+				close(entered)
+				<-gate
+			}
+		},
+	}})
+	defer func() { close(gate); s.Close() }()
+	<-entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Shutdown(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Shutdown with an ended ctx, behind a stuck sweeper: %v", err)
+	}
+}
+
+// A Goexit in the Observer's Executing(+1), without a Backend: the key was
+// released, but the gauge and the execute span were never ended.
+func TestGoexitInExecutingEndsTheSpanAndTheGauge(t *testing.T) {
+	var open, gauge atomic.Int32
+	var armed atomic.Bool
+	armed.Store(true)
+	s := New[int](Options{SweepInterval: -1, Observer: &Observer{
+		Executing: func(_ context.Context, d int) {
+			gauge.Add(int32(d))
+			if d > 0 && armed.CompareAndSwap(true, false) {
+				runtime.Goexit()
+			}
+		},
+		Span: func(ctx context.Context, phase, _ string) (context.Context, func(error)) {
+			if phase != "idem.execute" {
+				return ctx, func(error) {}
+			}
+			open.Add(1)
+			return ctx, func(error) { open.Add(-1) }
+		},
+	}})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 1, nil })
+	}()
+	<-done
+	s.Close()
+	if open.Load() != 0 || gauge.Load() != 0 {
+		t.Errorf("spans open %d, gauge %d", open.Load(), gauge.Load())
+	}
+	if _, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { return 2, nil }); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Close: %v", err)
 	}
 }

@@ -68,6 +68,7 @@ type Ticket[R any] struct {
 	replayed bool        // finishReplayed: the owner found the outcome recorded; for the Observer
 	start    time.Time   // when an owner's call began; set only with an Observer
 	endSpan  func(error) // ends the Observer's "idem.execute" span; nil without one
+	begun    bool        // the Observer was told the execution began (Executing +1)
 
 	finished  bool // set by the first Finish or Release
 	finalizer bool // a finalizer is set: Begin and beginLocal's tickets

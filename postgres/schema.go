@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -98,11 +100,40 @@ func createSQL(table, index string) string {
 // takes an ACCESS EXCLUSIVE lock even when it changes nothing, which would
 // stall every query on a busy table each time a replica starts.
 func migrate(ctx context.Context, pool *pgxpool.Pool, table, name string) error {
+	// Each try waits at most migrateLockWait for a lock on the table: an
+	// ALTER queued behind a long transaction (an old replica's RunOnceTx)
+	// would queue every query on the table behind it. A try that times
+	// out (55P03) gives way, and the next comes after a pause, until ctx
+	// ends.
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		err := migrateOnce(ctx, pool, table, name)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "55P03" {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (gave way to other transactions on the table until: %w)", err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// migrateLockWait bounds each lock wait of a migration.
+const migrateLockWait = "1s"
+
+// migrateOnce is one try of migrate.
+func migrateOnce(ctx context.Context, pool *pgxpool.Pool, table, name string) error {
 	sweepIdx, legacyIdx := indexName(name, sweepSuffix), indexName(name, legacySuffix)
 	// Read committed, whatever the session default: each statement after
 	// the lock must see what the replica that held it before created.
 	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "idem migrate "+table); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+migrateLockWait+`'`); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, createTableSQL(table)); err != nil {

@@ -1,0 +1,403 @@
+// Package mysql is a backend.Backend in a MySQL or MariaDB table, shared by
+// every process and machine that uses the same database, over database/sql
+// with github.com/go-sql-driver/mysql.
+//
+// Keys and tokens are bytes: the key column is VARBINARY, so only
+// identical bytes are one key, whatever the server's collation (the common
+// utf8mb4_general_ci would make "Order-1" and "order-1" one key, and its
+// PAD SPACE rules "a" and "a ").
+//
+// A claim is one INSERT ... ON DUPLICATE KEY UPDATE under the primary
+// key, so InnoDB decides, atomically, which of many concurrent claims
+// wins; the others change nothing. On MariaDB (10.5 and later) the same
+// statement returns, with RETURNING, the record that stands, won or not:
+// one round trip. MySQL 8 has no INSERT ... RETURNING, and there the
+// claim reads the record after its insert: two. An expired record is
+// taken over by one conditional UPDATE. Complete, Release and Renew
+// compare the claim's token in their WHERE clause, so a stale owner can
+// never write over a newer claim. So do RecordStep and Resume
+// (backend.Stepper): a record's steps are one encoded column, rewritten
+// under the row's lock.
+//
+// Time is the server's: every lease, expiry and creation instant is made
+// and compared by the statements themselves, from UTC_TIMESTAMP(6), and
+// durations the Store sends. Neither the clocks of the machines that call
+// the database nor a session's time_zone decide who owns a key.
+//
+// Isolation: statements the backend sends alone run in autocommit, at the
+// session's level (REPEATABLE READ by default); the claim and every write
+// are correct at any level. One chosen as a deadlock victim (1213), or
+// that waited out innodb_lock_wait_timeout (1205), was rolled back and is
+// sent again until its ctx ends, so callers never see one: concurrent
+// inserts of one key deadlock on their next-key locks under REPEATABLE
+// READ. The sweep, and the transactions the backend opens itself
+// (RecordStep, RunOnceTx), are READ COMMITTED: they lock the rows they
+// touch, not the gaps between them, where claims insert.
+//
+// New creates the table under a named lock (GET_LOCK), on a connection of
+// its own and never inside a transaction, since DDL commits the one open:
+// any number of replicas may start at once.
+//
+// # Values
+//
+// Results, error messages and steps are LONGBLOBs, as large as the other
+// backends take; one request, and one row read, must fit in a packet of
+// the server's max_allowed_packet (16 MiB on MariaDB 10.11, 64 MiB on
+// MySQL 8) and of the driver's maxAllowedPacket (64 MiB): a larger value
+// fails with an error that names max_allowed_packet, and the key is left
+// as it was.
+//
+// # Connections
+//
+// Add interpolateParams=true to the DSN: the driver then sends each
+// statement as one query, not a prepare, an execute and a close, which
+// halves the round trips of every call (the backend's statements take
+// only numbers and bytes, which the driver escapes safely). The backend
+// works without it, and with any time_zone, loc or parseTime: it reads
+// instants as numbers.
+//
+// # MySQL 8 and MariaDB
+//
+// The statements are the same on both but for the claim's RETURNING,
+// which New asks the server about (VERSION()); neither has UPDATE ...
+// RETURNING, so Resume reads its record back by its new token. The tests
+// run on MariaDB, the MySQL 8 shape of the claim included.
+//
+// RunOnceTx is the transactional mode: the key, the caller's own writes and
+// the outcome commit in one transaction.
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/paging"
+)
+
+// Schema is the SQL that creates the default table, idem_keys: the file
+// schema.sql, for migration tools.
+//
+//go:embed schema.sql
+var Schema string
+
+// Options configure a Backend. The zero value is ready to use.
+type Options struct {
+	// Table names the table, optionally database-qualified
+	// ("billing.keys"). Empty means "idem_keys", in the DSN's database.
+	Table string
+
+	// NoMigrate leaves the schema alone: the table must already exist, as
+	// Schema creates it. False means New creates the table if it is
+	// absent.
+	NoMigrate bool
+}
+
+// Backend is a backend.Backend over a MySQL or MariaDB table. It is safe
+// for concurrent use by many goroutines and processes.
+type Backend struct {
+	db *sql.DB
+	q  queries
+	// returning: the server runs INSERT ... RETURNING (MariaDB 10.5 and
+	// later), and a claim is one statement.
+	returning bool
+}
+
+var (
+	_ backend.Backend = (*Backend)(nil)
+	_ backend.Lister  = (*Backend)(nil)
+)
+
+// New returns a Backend over db, creating its table unless opts.NoMigrate.
+// The caller keeps ownership of db and closes it after the Stores that use
+// the Backend.
+func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
+	switch {
+	case ctx == nil:
+		return nil, errors.New("mysql: New with a nil context")
+	case db == nil:
+		return nil, errors.New("mysql: New with a nil *sql.DB")
+	}
+	name := opts.Table
+	if name == "" {
+		name = "idem_keys"
+	}
+	table, err := quoteTable(name)
+	if err != nil {
+		return nil, err
+	}
+	var version string
+	if err := db.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
+		return nil, fmt.Errorf("mysql: asking the server's version: %w", err)
+	}
+	b := &Backend{db: db, q: newQueries(table), returning: insertReturns(version)}
+	if !opts.NoMigrate {
+		if err := migrate(ctx, db, table, name); err != nil {
+			return nil, fmt.Errorf("mysql: creating table %s: %w", table, err)
+		}
+	}
+	return b, nil
+}
+
+var mariaDBVersion = regexp.MustCompile(`^(\d+)\.(\d+)\.\d+.*MariaDB`)
+
+// insertReturns reports whether a server of version runs INSERT ...
+// RETURNING: MariaDB from 10.5.
+func insertReturns(version string) bool {
+	m := mariaDBVersion.FindStringSubmatch(version)
+	if m == nil {
+		return false
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	return major > 10 || major == 10 && minor >= 5
+}
+
+// Claim claims rec.Key, judging leases and expiry by the server's clock;
+// now is ignored. A standing record that holds rec.Token is a claim of
+// this same request whose reply was lost: it is returned as won.
+func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: a refusal (backend.ErrRefused), which the Store
+		// need not read back.
+		return backend.Record{}, false, backend.Refuse(err)
+	}
+	if ctx.Value(inTx{}) == b.db && b.db.Stats().MaxOpenConnections == 1 {
+		return backend.Record{}, false, backend.Refuse(errNested)
+	}
+	key, token, us := []byte(rec.Key), []byte(rec.Token), micros(lease)
+	for {
+		got, err := retried(ctx, func() (found, error) { return b.claimOnce(ctx, b.db, key, rec.Fingerprint[:], token, us) })
+		switch {
+		case answered(err):
+			// The server refused the statement, which it ran alone: it
+			// wrote nothing, and the Store need not read the key back.
+			return backend.Record{}, false, backend.Refuse(err)
+		case err != nil:
+			return backend.Record{}, false, err
+		case got.ok && !got.expired:
+			return got.rec, got.rec.Token == rec.Token && got.rec.State == backend.StatePending, nil
+		case got.ok: // expired: take it over, unless another claim did first
+			if _, err := b.exec(ctx, b.q.takeOver, rec.Fingerprint[:], token, us, key); err != nil {
+				return backend.Record{}, false, err
+			}
+		}
+		// Taken over (by this claim or another), or deleted between the
+		// insert and the read (a sweep, a Forget): read what stands.
+		if err := ctx.Err(); err != nil {
+			return backend.Record{}, false, err
+		}
+	}
+}
+
+// A found is a record read, if ok, with whether it expired.
+type found struct {
+	rec     backend.Record
+	ok      bool
+	expired bool
+}
+
+// querier is what a claim needs of a *sql.DB or a *sql.Tx.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// claimOnce inserts the claim unless the key has a record, and returns the
+// record that stands.
+func (b *Backend) claimOnce(ctx context.Context, q querier, key, fp, token []byte, lease int64) (found, error) {
+	if b.returning {
+		return queryOne(ctx, q, b.q.claim, []any{key, fp, token, lease})
+	}
+	if _, err := q.ExecContext(ctx, b.q.insert, key, fp, token, lease); err != nil {
+		return found{}, err
+	}
+	return queryOne(ctx, q, b.q.get, []any{key})
+}
+
+// Complete records the outcome, expiring ttl after the server's now.
+func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
+	n, err := b.exec(ctx, b.q.complete, micros(ttl), rec.Value, rec.Failed, []byte(rec.ErrMsg), []byte(rec.Key), []byte(rec.Token))
+	return backend.Owned(n, err, rec.Key)
+}
+
+func (b *Backend) Release(ctx context.Context, key, token string) error {
+	n, err := b.exec(ctx, b.q.release, []byte(key), []byte(token))
+	return backend.Owned(n, err, key)
+}
+
+// Renew extends the lease to lease after the server's now.
+func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
+	n, err := b.exec(ctx, b.q.renew, micros(lease), []byte(key), []byte(token))
+	if err == nil && n == 0 {
+		// MySQL counts the rows an UPDATE changed, not those it matched:
+		// a lease set to the instant it held (two renewals within one
+		// microsecond) changes none. Asked again: is the claim still
+		// this token's, its lease holding?
+		f, gerr := retried(ctx, func() (found, error) { return queryOne(ctx, b.db, b.q.get, []any{[]byte(key)}) })
+		if gerr != nil {
+			return gerr
+		}
+		if f.ok && f.rec.Token == token && f.rec.State == backend.StatePending {
+			return nil
+		}
+	}
+	return backend.Owned(n, err, key)
+}
+
+// Get returns key's record as the server's clock sees it.
+func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
+	f, err := retried(ctx, func() (found, error) { return queryOne(ctx, b.db, b.q.get, []any{[]byte(key)}) })
+	if err != nil || !f.ok || f.expired {
+		return backend.Record{}, false, err
+	}
+	return f.rec, true, nil
+}
+
+// Forget judges the lease by the server's clock.
+func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
+	n, err := b.exec(ctx, b.q.forget, []byte(key))
+	if err != nil || n > 0 {
+		return err
+	}
+	exists, err := retried(ctx, func() (exists bool, err error) {
+		return exists, b.db.QueryRowContext(ctx, b.q.exists, []byte(key)).Scan(&exists)
+	})
+	if err != nil {
+		return err
+	}
+	if exists {
+		return fmt.Errorf("%w: key %q is claimed and its lease holds", idem.ErrInProgress, key)
+	}
+	return nil
+}
+
+// Sweep judges expiry by the server's clock. It deletes in a READ
+// COMMITTED transaction, which locks the rows it deletes and not the gaps
+// beside them, where claims insert.
+func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	n, err := retried(ctx, func() (int64, error) {
+		tx, err := b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		if err != nil {
+			return 0, err
+		}
+		defer tx.Rollback() // a no-op once committed
+		res, err := tx.ExecContext(ctx, b.q.sweep, limit)
+		if err != nil {
+			return 0, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, err
+		}
+		return n, tx.Commit()
+	})
+	return int(n), err
+}
+
+// exec runs a statement, retried on a conflict, and returns the rows it
+// changed.
+func (b *Backend) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	return retried(ctx, func() (int64, error) {
+		res, err := b.db.ExecContext(ctx, query, args...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	})
+}
+
+// queryOne runs a query for at most one record, and reads it, and any
+// columns after it into extra.
+func queryOne(ctx context.Context, q querier, query string, args []any, extra ...any) (found, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return found{}, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return found{}, rows.Err()
+	}
+	f, err := scanRecord(rows, extra...)
+	if err != nil {
+		return found{}, err
+	}
+	return f, rows.Close()
+}
+
+// scanRecord reads a record of seenColumns, and any columns after them
+// into extra.
+func scanRecord(rows *sql.Rows, extra ...any) (found, error) {
+	var (
+		f                       found
+		key, fp, token, errMsg  []byte
+		steps                   []byte
+		state                   int64
+		created, expires, lease sql.NullInt64
+	)
+	dest := append([]any{&key, &fp, &token, &state, &created, &expires, &lease, &f.rec.Value, &f.rec.Failed, &errMsg, &steps, &f.expired}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return found{}, err
+	}
+	f.ok = true
+	f.rec.Key, f.rec.Token, f.rec.ErrMsg = string(key), string(token), string(errMsg)
+	if len(fp) != len(f.rec.Fingerprint) {
+		return found{}, fmt.Errorf("mysql: key %q: fingerprint of %d bytes", f.rec.Key, len(fp))
+	}
+	copy(f.rec.Fingerprint[:], fp)
+	var err error
+	if f.rec.Steps, err = backend.ReadSteps(steps); err != nil {
+		return found{}, fmt.Errorf("mysql: key %q: %w", f.rec.Key, err)
+	}
+	f.rec.State = backend.RecordState(state)
+	f.rec.CreatedAt, f.rec.ExpiresAt, f.rec.LeaseUntil = instant(created), instant(expires), instant(lease)
+	return f, nil
+}
+
+// instant is a column of microseconds since the Unix epoch, or the zero
+// time for NULL.
+func instant(us sql.NullInt64) time.Time {
+	if !us.Valid {
+		return time.Time{}
+	}
+	return time.UnixMicro(us.Int64)
+}
+
+// Each calls fn for every record, in key order (of their bytes), stopping
+// at fn's first error. It reads a page of records per query, by key from
+// where the last ended, and calls fn once the page's rows are closed: fn
+// may use the pool, however small, and a listing of millions holds no
+// snapshot open.
+func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
+	return paging.Each(ctx, b.page, fn)
+}
+
+// page reads up to limit records with keys after after, in key order.
+func (b *Backend) page(ctx context.Context, after string, limit int) ([]backend.Record, error) {
+	return retried(ctx, func() ([]backend.Record, error) {
+		rows, err := b.db.QueryContext(ctx, b.q.page, []byte(after), limit)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var page []backend.Record
+		for rows.Next() {
+			f, err := scanRecord(rows)
+			if err != nil {
+				return nil, err
+			}
+			page = append(page, f.rec)
+		}
+		return page, rows.Err()
+	})
+}

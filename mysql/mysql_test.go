@@ -1,0 +1,153 @@
+package mysql
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	_ "github.com/go-sql-driver/mysql"
+)
+
+// testDSN is the DSN IDEM_MYSQL_DSN names; the test is skipped when it is
+// not set (failed, in CI).
+func testDSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv("IDEM_MYSQL_DSN")
+	if dsn == "" {
+		svctest.Skipf(t, "IDEM_MYSQL_DSN is not set: set it (e.g. root@tcp(127.0.0.1:3306)/test) to run the MySQL tests")
+	}
+	return dsn
+}
+
+// testDB opens the database IDEM_MYSQL_DSN names, with params added to
+// the DSN ("interpolateParams=true").
+func testDB(t testing.TB, params ...string) *sql.DB {
+	t.Helper()
+	dsn := testDSN(t)
+	for _, p := range params {
+		if strings.Contains(dsn, "?") {
+			dsn += "&" + p
+		} else {
+			dsn += "?" + p
+		}
+	}
+	db, err := sql.Open("mysql", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	require.NoError(t, db.PingContext(context.Background()), "IDEM_MYSQL_DSN=%s", dsn)
+	return db
+}
+
+// tableName is a fresh table name, dropped when the test ends.
+func tableName(t testing.TB, db *sql.DB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	table := "idem_test_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _, _ = db.Exec("DROP TABLE IF EXISTS " + table) })
+	return table
+}
+
+// testBackend returns a Backend over a table of its own, dropped when the
+// test ends.
+func testBackend(t testing.TB, db *sql.DB) (*Backend, string) {
+	t.Helper()
+	table := tableName(t, db)
+	be, err := New(context.Background(), db, Options{Table: table})
+	require.NoError(t, err)
+	return be, table
+}
+
+// shapes are the claim's two statements: MariaDB's INSERT ... RETURNING,
+// and MySQL 8's INSERT then SELECT, which MariaDB runs as well.
+var shapes = []struct {
+	name      string
+	returning bool
+}{{"Returning", true}, {"InsertThenSelect", false}}
+
+func TestConformance(t *testing.T) {
+	db := testDB(t)
+	for _, shape := range shapes {
+		t.Run(shape.name, func(t *testing.T) {
+			idemtest.RunShared(t, func(t *testing.T) backend.Backend {
+				b, _ := testBackend(t, db)
+				b.returning = b.returning && shape.returning
+				return b
+			})
+		})
+	}
+}
+
+// The same, with the driver sending each statement as one query.
+func TestConformanceInterpolated(t *testing.T) {
+	db := testDB(t, "interpolateParams=true")
+	idemtest.Run(t, func(t *testing.T) backend.Backend {
+		b, _ := testBackend(t, db)
+		return b
+	})
+}
+
+func TestConformanceSteps(t *testing.T) {
+	db := testDB(t)
+	idemtest.RunSteps(t, func(t *testing.T) backend.Stepper {
+		b, _ := testBackend(t, db)
+		return b
+	})
+}
+
+func TestSchemaFileMatchesNew(t *testing.T) {
+	normalize := func(s string) string {
+		var lines []string
+		for _, l := range strings.Split(s, "\n") {
+			if i := strings.Index(l, "--"); i >= 0 {
+				l = l[:i]
+			}
+			if l = strings.Join(strings.Fields(l), " "); l != "" {
+				lines = append(lines, l)
+			}
+		}
+		return strings.Join(lines, "\n")
+	}
+	assert.Equal(t, normalize(Schema), normalize(createTableSQL("`idem_keys`")))
+}
+
+// TestContract runs the store-level contract through RunOnce and Begin over
+// a table of its own; leases and expiry go by the server's clock.
+func TestContract(t *testing.T) {
+	idemtest.RunContract(t, harness(testDB(t)))
+}
+
+// harness makes tables in db for the store-level suites; a restart is a
+// new Backend over the same table, as a new process makes.
+func harness(db *sql.DB) idemtest.Harness {
+	tables := map[backend.Backend]string{}
+	return idemtest.Harness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, table := testBackend(t, db)
+			tables[b] = table
+			return b
+		},
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			reopened, err := New(context.Background(), db, Options{Table: tables[b]})
+			require.NoError(t, err)
+			tables[reopened] = tables[b]
+			return reopened
+		},
+		ServerClock: true,
+	}
+}
+
+// TestModel drives two stores over one table with idemtest's random
+// model, on the server's clock; a crash is a new Backend over the table.
+func TestModel(t *testing.T) {
+	idemtest.RunModel(t, harness(testDB(t)))
+}

@@ -1,0 +1,107 @@
+package mysql
+
+import "time"
+
+// Every instant is the server's: the statements compute them from
+// UTC_TIMESTAMP(6), which is the same for every session's time_zone and
+// every caller's clock, and constant within one statement; durations come
+// as parameters, in microseconds. DATETIME(6) columns hold UTC and come
+// back as microseconds since the Unix epoch, so that neither the driver's
+// parseTime nor its loc can shift them.
+const (
+	serverNow = `UTC_TIMESTAMP(6)`
+	// seen is the state column as the server's clock judges it: a pending
+	// record whose lease lapsed is interrupted.
+	seen = `CASE WHEN state = 1 AND lease_until <= ` + serverNow + ` THEN 3 ELSE state END`
+	// expired is a completed record whose outcome may be forgotten.
+	expired = `(state = 2 AND expires_at <= ` + serverNow + `)`
+	// held is a pending record whose lease holds (or that has none).
+	held = `state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `)`
+	// seenColumns are a record's columns as scanRecord reads them: the
+	// state as seen, the instants in microseconds, and whether it expired.
+	seenColumns = "`key`, fingerprint, token, " + seen + `, ` + since + `created_at), ` + since + `expires_at), ` +
+		since + `lease_until), value, failed, err_msg, steps, ` + expired
+	since = `TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', ` // + column + ")"
+)
+
+// in is the SQL for the instant a parameter's microseconds after the
+// server's now, or NULL for zero: no lease (INTERVAL NULL is NULL). A
+// negative parameter is an instant before now: a lease that has lapsed
+// already.
+const in = serverNow + ` + INTERVAL NULLIF(?, 0) MICROSECOND`
+
+// queries are the statements, written once for the table's name.
+type queries struct {
+	claim, insert, get, claimTx, getTx, takeOver, complete, release, renew, forget, exists, sweep, page string
+	lockSteps, setSteps, resume                                                                         string
+}
+
+func newQueries(t string) queries {
+	insert := `INSERT INTO ` + t + " (`key`, fingerprint, token, state, created_at, lease_until, value, failed, err_msg)" + `
+VALUES (?, ?, ?, 1, ` + serverNow + `, ` + in + `, NULL, FALSE, '')
+ON DUPLICATE KEY UPDATE state = state`
+	return queries{
+		// The primary key decides, atomically, which of concurrent
+		// inserts lands; the others change nothing (ON DUPLICATE KEY
+		// UPDATE of a column to itself, which unlike INSERT IGNORE turns
+		// no other error into a warning) and, on MariaDB, return the
+		// record that stands: one round trip, whether the claim wins or
+		// meets a replay. An insert that meets another transaction's
+		// uncommitted claim of the key (a RunOnceTx) waits on its row
+		// lock until that transaction ends.
+		claim: insert + `
+RETURNING ` + seenColumns,
+		// MySQL 8 has no INSERT ... RETURNING: the insert, then get.
+		insert: insert,
+		get:    `SELECT ` + seenColumns + ` FROM ` + t + " WHERE `key` = ?",
+		// Inside RunOnceTx: the session's id comes back too, to ask
+		// about its COMMIT if the reply to that is lost.
+		claimTx: insert + `
+RETURNING ` + seenColumns + `, CONNECTION_ID()`,
+		getTx: `SELECT ` + seenColumns + `, CONNECTION_ID() FROM ` + t + " WHERE `key` = ?",
+		// Takes over a record that expired, atomically: the WHERE clause
+		// is checked against the row as it stands when the UPDATE locks it.
+		takeOver: `UPDATE ` + t + ` SET fingerprint = ?, token = ?, state = 1, created_at = ` + serverNow + `, expires_at = NULL,
+    lease_until = ` + in + `, value = NULL, failed = FALSE, err_msg = '', steps = NULL
+WHERE ` + "`key`" + ` = ? AND ` + expired,
+		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + INTERVAL ? MICROSECOND, lease_until = NULL,
+    value = ?, failed = ?, err_msg = ?
+WHERE ` + "`key`" + ` = ? AND token = ? AND state <> 2`,
+		release: `DELETE FROM ` + t + " WHERE `key` = ? AND token = ? AND state <> 2",
+		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + INTERVAL ? MICROSECOND
+WHERE ` + "`key`" + ` = ? AND token = ? AND ` + held,
+		forget: `DELETE FROM ` + t + " WHERE `key` = ? AND NOT (" + held + `)`,
+		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + " WHERE `key` = ?)",
+		// The index finds the expired records, oldest first. It runs in
+		// a READ COMMITTED transaction (Sweep), so that it locks only the
+		// rows it deletes, not the gaps between index entries, which
+		// under REPEATABLE READ would hold up the claims inserted there
+		// (their expires_at is NULL, next to the swept range).
+		sweep: `DELETE FROM ` + t + ` WHERE state = 2 AND expires_at <= ` + serverNow + ` ORDER BY expires_at LIMIT ?`,
+		page:  `SELECT ` + seenColumns + ` FROM ` + t + " WHERE `key` > ? ORDER BY `key` LIMIT ?",
+		// RecordStep's read: the steps of the claim token holds, locked
+		// until its transaction ends, and the server's now for the step.
+		lockSteps: `SELECT steps, ` + since + serverNow + `) FROM ` + t + `
+WHERE ` + "`key`" + ` = ? AND token = ? AND ` + held + ` FOR UPDATE`,
+		setSteps: `UPDATE ` + t + " SET steps = ? WHERE `key` = ? AND token = ?",
+		// Takes over a record seen as interrupted, atomically: concurrent
+		// Resumes queue on the row, and those after the first find
+		// another token. (No UPDATE ... RETURNING in MySQL 8 nor in
+		// MariaDB 10: Resume reads the record back by its new token.)
+		resume: `UPDATE ` + t + ` SET token = ?, state = 1, lease_until = ` + in + `
+WHERE ` + "`key`" + ` = ? AND token = ? AND ` + seen + ` = 3`,
+	}
+}
+
+// micros is d in microseconds, the unit the statements take, rounded up:
+// a positive lease or TTL never becomes zero, which means none.
+func micros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	n := int64(d / time.Microsecond)
+	if d%time.Microsecond != 0 {
+		n++
+	}
+	return n
+}

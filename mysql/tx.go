@@ -1,0 +1,231 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/txrun"
+)
+
+// RunOnceTx is the transactional mode, the second seed article's
+// charge_once: it runs fn at most once for key, with the key's record, fn's
+// own writes (through tx) and the outcome committed in one InnoDB
+// transaction. A crash, an error from fn or a panic rolls all of it back,
+// so there is never a key without its writes, nor writes without their
+// key; only a success, or an error marked idem.Final, commits (a final
+// error commits the key and its error, but rolls fn's writes back). fn's
+// tables must be InnoDB: MyISAM ignores transactions.
+//
+// A duplicate in this process waits for the first call's outcome, as with
+// RunOnce (txrun.Local.BeginLocal); one in another process blocks on the
+// table's primary key until the first transaction ends, then replays its
+// outcome, or runs fn itself if the first rolled back. A key reused with
+// another payload is idem.ErrPayloadMismatch; a key held by an ordinary,
+// non-transactional RunOnce elsewhere is idem.ErrInProgress or, if its lease
+// lapsed, idem.ErrOutcomeUnknown.
+//
+// fn and the transaction run under a context that keeps ctx's values but
+// not its cancellation, bounded by the store's ExecutionTimeout. The caller
+// waits under its own ctx: if ctx ends first, RunOnceTx returns an error
+// that matches both idem.ErrInProgress and ctx.Err(), and the transaction
+// goes on for the duplicates waiting on it. The transaction is READ
+// COMMITTED; a duplicate that waits longer than innodb_lock_wait_timeout
+// asks again, until its work's context ends.
+//
+// store supplies the fingerprint, codec and TTL; its Backend must be a
+// *Backend, whose table holds the key. fn must do its writes through tx,
+// and must not commit or roll it back, nor run DDL, which MySQL commits
+// implicitly: a transaction so ended commits the claim, whose lease has
+// lapsed already, so the key reads as interrupted (idem.ErrOutcomeUnknown
+// until Resolve or Forget settles it), never as claimed for ever, and the
+// call fails. A RunOnceTx called with fn's ctx on the same *sql.DB is
+// refused (backend.ErrRefused), and so is a claim (RunOnce, Begin) made
+// with it on a pool of one connection (SetMaxOpenConns(1)), which fn's
+// transaction holds; other calls with fn's ctx on such a pool wait for
+// that connection.
+func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *sql.Tx) (R, error)) (R, error) {
+	var zero R
+	if store == nil {
+		return zero, errors.New("mysql: RunOnceTx with a nil store")
+	}
+	opts := txrun.Of(store).Options()
+	b, ok := opts.Backend.(*Backend)
+	switch {
+	case !ok:
+		return zero, fmt.Errorf("mysql: RunOnceTx needs a store whose Backend is a *mysql.Backend, not %T", opts.Backend)
+	case fn == nil:
+		return zero, errors.New("mysql: RunOnceTx with a nil fn")
+	case ctx != nil && ctx.Value(inTx{}) == b.db:
+		// Before the key is claimed in memory: a nested call must not wait
+		// on itself, nor on a second connection a pool of one never has.
+		return zero, backend.Refuse(errNested)
+	}
+	return txrun.Run(ctx, store, key, payload, func(ctx context.Context, fp idem.Fingerprint) (R, error, bool) {
+		return runOnceTx(ctx, store, b, key, fp, fn)
+	})
+}
+
+// errNested is returned by RunOnceTx called with the ctx of another
+// RunOnceTx's fn over the same *sql.DB, and by a claim (RunOnce, Begin)
+// made so when the pool has one connection: fn's transaction holds a
+// connection until fn returns, and the nested call would wait for another
+// (for ever, on a pool of one).
+var errNested = errors.New("mysql: called from inside RunOnceTx's fn, whose transaction holds a connection: use its *sql.Tx")
+
+// errClaimGone is returned when fn deleted or rewrote the claim's row: the
+// transaction rolls back, fn's writes with it.
+var errClaimGone = errors.New("mysql: RunOnceTx's claim row was changed or deleted inside fn, so nothing was committed")
+
+// inTx is the context key that marks the context of an fn running in a
+// transaction on the *sql.DB it holds.
+type inTx struct{}
+
+// runOnceTx claims key in a transaction of its own and, if it won the
+// claim, runs fn in it; otherwise it answers from the record that stands
+// (replayed, for a recorded outcome).
+func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, *sql.Tx) (R, error)) (_ R, _ error, replayed bool) {
+	var zero R
+	// The claim's lease has lapsed already (lease -1: lease_until is a
+	// microsecond before the claim's instant): the claim is never seen
+	// outside this transaction, which commits it with its outcome or not
+	// at all; were it ever committed without one (fn ran COMMIT, or DDL),
+	// it would read as interrupted, which Forget and Resolve settle, not
+	// as a claim that holds for ever.
+	claim := backend.Record{Key: key, Fingerprint: fp, Token: txrun.Token(), State: backend.StatePending}
+	var (
+		tx   *sql.Tx
+		rec  found
+		conn int64
+	)
+	// A deadlock rolls the whole transaction back, and a lock wait that
+	// timed out the statement: either way, begin again.
+	_, err := retried(ctx, func() (struct{}, error) {
+		var err error
+		if tx, err = b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted}); err != nil {
+			return struct{}{}, err
+		}
+		if rec, err = claimTx(ctx, tx, b, []byte(key), fp[:], []byte(claim.Token), &conn); err != nil {
+			tx.Rollback()
+		}
+		return struct{}{}, err
+	})
+	if err != nil {
+		return zero, &idem.BackendError{Op: "claim", Err: err}, false
+	}
+	defer tx.Rollback() // a no-op once committed
+	if rec.rec.Token == claim.Token {
+		val, err := runTx(context.WithValue(ctx, inTx{}, b.db), store, b, tx, claim, conn, fn)
+		return val, err, false
+	}
+	return txrun.Answer(store, rec.rec, fp)
+}
+
+// claimTx claims key inside tx, or returns the record that stands, and
+// the session's id. Each statement sees the rows committed before it: a
+// row that a concurrent transaction committed, took over or deleted (a
+// sweep, a Forget) between two statements is met by trying again, as
+// Backend.Claim does.
+func claimTx(ctx context.Context, tx *sql.Tx, b *Backend, key, fp, token []byte, conn *int64) (found, error) {
+	for range 8 {
+		var f found
+		var err error
+		if b.returning {
+			f, err = queryOne(ctx, tx, b.q.claimTx, []any{key, fp, token, -1}, conn)
+		} else if _, err = tx.ExecContext(ctx, b.q.insert, key, fp, token, -1); err == nil {
+			f, err = queryOne(ctx, tx, b.q.getTx, []any{key}, conn)
+		}
+		switch {
+		case err != nil:
+			return found{}, err
+		case f.ok && !f.expired:
+			return f, nil
+		case f.ok: // expired: take it over, unless another claim did first
+			if _, err := tx.ExecContext(ctx, b.q.takeOver, fp, token, -1, key); err != nil {
+				return found{}, err
+			}
+		}
+	}
+	return found{}, fmt.Errorf("key %q: claimed and released under this transaction 8 times in a row", key)
+}
+
+// runTx runs fn in a savepoint of tx, which holds the new claim, and commits
+// the outcome, or rolls everything back.
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql.Tx, claim backend.Record, conn int64, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
+	opts := txrun.Of(store).Options()
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT idem_fn`); err != nil {
+		return val, &idem.BackendError{Op: "claim", Err: err}
+	}
+	// A panic in fn goes up to Ticket.Do, which reports it; the deferred
+	// rollback takes the key and fn's writes away, as for an error.
+	val, err = fn(ctx, tx)
+	if err != nil && !idem.IsFinal(err) {
+		return val, err
+	}
+	if err != nil { // final: keep the key and the error, not fn's writes
+		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT idem_fn`); rerr != nil {
+			return val, txrun.Unrecorded(err, ended(rerr))
+		}
+	}
+	if _, rerr := tx.ExecContext(ctx, `RELEASE SAVEPOINT idem_fn`); rerr != nil {
+		return val, txrun.Unrecorded(err, ended(rerr))
+	}
+	done := claim
+	if eerr := txrun.Of(store).Encode(&done, val, err); eerr != nil {
+		return val, txrun.Unrecorded(err, eerr)
+	}
+	// One row, or fn took the claim away (deleted or rewrote its row):
+	// committing then would keep fn's writes without the key.
+	res, cerr := tx.ExecContext(ctx, b.q.complete, micros(opts.TTL), done.Value, done.Failed, []byte(done.ErrMsg), []byte(done.Key), []byte(done.Token))
+	if cerr == nil {
+		var n int64
+		if n, cerr = res.RowsAffected(); cerr == nil && n != 1 {
+			cerr = errClaimGone
+		}
+	}
+	if cerr != nil {
+		return val, txrun.Unrecorded(err, explained(cerr))
+	}
+	if cerr := tx.Commit(); cerr != nil && !committed(ctx, b, opts, conn, done) {
+		return val, txrun.Unrecorded(err, fmt.Errorf("mysql: committing: %w", cerr))
+	}
+	return val, err
+}
+
+// ended explains the failure of a savepoint statement after fn: the
+// transaction had ended (fn committed or rolled it back, or ran DDL, which
+// commits), and the claim with it.
+func ended(err error) error {
+	return fmt.Errorf("mysql: the transaction ended inside fn (a COMMIT, ROLLBACK or DDL statement ends it), so the outcome was not recorded; if fn's writes committed, the key is left interrupted: %w", err)
+}
+
+// committed reports whether the transaction of session conn, whose COMMIT
+// failed, took effect after all: the reply to a COMMIT can be lost. Once
+// the session is gone, what it committed is in the table, and the
+// claim's token, unique to the transaction, tells whether its outcome is.
+// A session the server still runs (it has not noticed its client is gone,
+// or is still committing) is killed, which ends it once its statement
+// does, and asked about again until Options.SettleTimeout.
+func committed(ctx context.Context, b *Backend, opts idem.Options, conn int64, done backend.Record) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
+	defer cancel()
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var alive bool
+		err := b.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`, conn).Scan(&alive)
+		switch {
+		case err == nil && !alive:
+			rec, ok, err := b.Get(ctx, done.Key, time.Time{})
+			return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
+		case err == nil:
+			// Unknown thread (1094) if it ended meanwhile: asked again.
+			_, _ = b.db.ExecContext(ctx, `KILL CONNECTION `+fmt.Sprint(conn))
+		}
+		if pause(ctx, wait) != nil {
+			return false
+		}
+	}
+}

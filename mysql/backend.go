@@ -108,6 +108,9 @@ type Backend struct {
 	// returning: the server runs INSERT ... RETURNING (MariaDB 10.5 and
 	// later), and a claim is one statement.
 	returning bool
+	// packet is the server's max_allowed_packet, in bytes, as New found
+	// it: no row larger can be written or read back.
+	packet int64
 }
 
 var (
@@ -134,10 +137,11 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 		return nil, err
 	}
 	var version string
-	if err := db.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
+	var packet int64
+	if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@max_allowed_packet`).Scan(&version, &packet); err != nil {
 		return nil, fmt.Errorf("mysql: asking the server's version: %w", err)
 	}
-	b := &Backend{db: db, q: newQueries(table), returning: insertReturns(version)}
+	b := &Backend{db: db, q: newQueries(table), returning: insertReturns(version), packet: packet}
 	if !opts.NoMigrate {
 		if err := migrate(ctx, db, table, name); err != nil {
 			return nil, fmt.Errorf("mysql: creating table %s: %w", table, err)
@@ -224,8 +228,37 @@ func (b *Backend) claimOnce(ctx context.Context, q querier, key, fp, token []byt
 
 // Complete records the outcome, expiring ttl after the server's now.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
+	if err := b.fits(rec.Key, len(rec.Value)+len(rec.ErrMsg)); err != nil {
+		return err
+	}
 	n, err := b.exec(ctx, b.q.complete, micros(ttl), rec.Value, rec.Failed, []byte(rec.ErrMsg), []byte(rec.Key), []byte(rec.Token))
-	return backend.Owned(n, err, rec.Key)
+	return backend.Owned(n, b.oversized(err, len(rec.Value)+len(rec.ErrMsg)), rec.Key)
+}
+
+// rowSlack is what a row holds beyond its values, with room to spare:
+// key, token, fingerprint, instants, and the packet's framing.
+const rowSlack = 2048
+
+// fits refuses, before anything is sent, a write whose values (n bytes)
+// would make a row larger than max_allowed_packet: the server would drop
+// the connection on the request, or could not send the row back.
+func (b *Backend) fits(key string, n int) error {
+	if int64(n)+rowSlack <= b.packet {
+		return nil
+	}
+	return backend.Refuse(fmt.Errorf("mysql: key %q: a row of %d bytes of values is larger than the server's max_allowed_packet (%d bytes), so it could not be written or read back: raise max_allowed_packet on the server (and the driver's maxAllowedPacket in the DSN), or store less", key, n, b.packet))
+}
+
+// oversized explains err, the failure of a write of n bytes of values,
+// when that request may have exceeded max_allowed_packet after all: with
+// interpolateParams the driver escapes bytes, up to twice as many, and a
+// server sent a packet too large drops the connection, often before its
+// error (1153) reaches the client.
+func (b *Backend) oversized(err error, n int) error {
+	if err == nil || int64(2*n)+rowSlack <= b.packet || answered(err) {
+		return err
+	}
+	return fmt.Errorf("%w (the request, of up to %d bytes once escaped, may have exceeded the server's max_allowed_packet of %d bytes)", err, 2*n, b.packet)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {

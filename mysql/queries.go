@@ -32,6 +32,7 @@ const in = serverNow + ` + INTERVAL NULLIF(?, 0) MICROSECOND`
 
 // queries are the statements, written once for the table's name.
 type queries struct {
+	t                                                                                                   string // the table, quoted
 	claim, insert, get, claimTx, getTx, takeOver, complete, release, renew, forget, exists, sweep, page string
 	lockSteps, setSteps, resume                                                                         string
 }
@@ -41,6 +42,7 @@ func newQueries(t string) queries {
 VALUES (?, ?, ?, 1, ` + serverNow + `, ` + in + `, NULL, FALSE, '')
 ON DUPLICATE KEY UPDATE state = state`
 	return queries{
+		t: t,
 		// The primary key decides, atomically, which of concurrent
 		// inserts lands; the others change nothing (ON DUPLICATE KEY
 		// UPDATE of a column to itself, which unlike INSERT IGNORE turns

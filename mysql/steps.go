@@ -43,8 +43,12 @@ func (b *Backend) recordStep(ctx context.Context, key, token string, step backen
 	}
 	step.At = time.UnixMicro(at)
 	rec := backend.Record{Steps: steps}.WithStep(step)
-	if _, err := tx.ExecContext(ctx, b.q.setSteps, backend.AppendSteps(nil, rec.Steps), []byte(key), []byte(token)); err != nil {
+	encoded := backend.AppendSteps(nil, rec.Steps)
+	if err := b.fits(key, len(encoded)); err != nil {
 		return err
+	}
+	if _, err := tx.ExecContext(ctx, b.q.setSteps, encoded, []byte(key), []byte(token)); err != nil {
+		return b.oversized(err, len(encoded))
 	}
 	return tx.Commit()
 }

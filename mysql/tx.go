@@ -178,6 +178,9 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 	if eerr := txrun.Of(store).Encode(&done, val, err); eerr != nil {
 		return val, txrun.Unrecorded(err, eerr)
 	}
+	if ferr := b.fits(done.Key, len(done.Value)+len(done.ErrMsg)); ferr != nil {
+		return val, txrun.Unrecorded(err, ferr)
+	}
 	// One row, or fn took the claim away (deleted or rewrote its row):
 	// committing then would keep fn's writes without the key.
 	res, cerr := tx.ExecContext(ctx, b.q.complete, micros(opts.TTL), done.Value, done.Failed, []byte(done.ErrMsg), []byte(done.Key), []byte(done.Token))
@@ -188,7 +191,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 		}
 	}
 	if cerr != nil {
-		return val, txrun.Unrecorded(err, explained(cerr))
+		return val, txrun.Unrecorded(err, b.oversized(explained(cerr), len(done.Value)+len(done.ErrMsg)))
 	}
 	if cerr := tx.Commit(); cerr != nil && !committed(ctx, b, opts, conn, done) {
 		return val, txrun.Unrecorded(err, fmt.Errorf("mysql: committing: %w", cerr))

@@ -319,3 +319,46 @@ func TestPostgresLostReply(t *testing.T) {
 	require.NoError(t, direct.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE v = 'lost-reply'").Scan(&n))
 	require.Equal(t, 1, n, "yet PostgreSQL committed the INSERT")
 }
+
+// packet frames payload as one MySQL packet.
+func packet(seq byte, payload ...byte) []byte {
+	n := len(payload)
+	return append([]byte{byte(n), byte(n >> 8), byte(n >> 16), seq}, payload...)
+}
+
+func TestMySQLReplyDone(t *testing.T) {
+	ok := packet(1, 0x00, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00)
+	errp := packet(1, append([]byte{0xFF, 0x15, 0x04, '#'}, "28000denied"...)...)
+	col := packet(2, append([]byte{0x03}, "def"...)...)
+	eof := packet(3, 0xFE, 0x00, 0x00, 0x02, 0x00)
+	row := packet(4, 0x01, 'x')
+	rowFE := packet(4, 0xFE, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10) // a row whose first value is long
+	okEnd := packet(5, 0xFE, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00)
+	cat := func(ps ...[]byte) []byte {
+		var b []byte
+		for _, p := range ps {
+			b = append(b, p...)
+		}
+		return b
+	}
+	for name, whole := range map[string][]byte{
+		"ok":                      ok,
+		"err":                     errp,
+		"rows with EOFs":          cat(packet(1, 0x01), col, eof, row, rowFE, eof),
+		"no rows with EOFs":       cat(packet(1, 0x01), col, eof, eof),
+		"rows, deprecated EOF":    cat(packet(1, 0x01), col, row, okEnd),
+		"no rows, deprecated EOF": cat(packet(1, 0x01), col, okEnd),
+		"error among the rows":    cat(packet(1, 0x01), col, eof, row, errp),
+	} {
+		for i := range len(whole) {
+			require.False(t, MySQLReplyDone(whole[:i]), "%s: prefix of %d bytes", name, i)
+		}
+		require.True(t, MySQLReplyDone(whole), name)
+	}
+	// A payload of 0xFFFFFF bytes goes on in the next packet: an 0xFF
+	// there is data, not an ERR.
+	big := make([]byte, 0xFFFFFF)
+	split := cat(packet(1, 0x01), col, eof, packet(4, big...), packet(5, 0xFF, 0x00), eof)
+	require.False(t, MySQLReplyDone(split[:len(split)-len(eof)]))
+	require.True(t, MySQLReplyDone(split))
+}

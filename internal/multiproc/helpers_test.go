@@ -2,13 +2,17 @@ package multiproc
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/svctest"
+	"github.com/seed094d4201/idem/mysql"
 	"github.com/stretchr/testify/require"
 )
 
@@ -53,4 +57,30 @@ func countRows(t *testing.T, pool *pgxpool.Pool, query string) int {
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), query).Scan(&n))
 	return n
+}
+
+// openMySQL opens a mysql Backend over table name in the database
+// IDEM_MYSQL_DSN names, and a func that closes its *sql.DB.
+func openMySQL(ctx context.Context, name string) (backend.Backend, func(), error) {
+	db, err := sql.Open("mysql", os.Getenv("IDEM_MYSQL_DSN"))
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := mysql.New(ctx, db, mysql.Options{Table: name})
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return b, func() { db.Close() }, nil
+}
+
+// dropMySQLLater drops MySQL table name when the test ends.
+func dropMySQLLater(t *testing.T, table string) {
+	t.Cleanup(func() {
+		db, err := sql.Open("mysql", os.Getenv("IDEM_MYSQL_DSN"))
+		if err == nil {
+			_, _ = db.Exec("DROP TABLE IF EXISTS " + table)
+			db.Close()
+		}
+	})
 }

@@ -39,7 +39,7 @@ import (
 // every success must carry its key's effect's value, and every success must
 // replay, unchanged and without fn, after the last kill.
 const (
-	killLoopEnv     = "IDEM_KILLLOOP_CHILD" // the backend: "bolt", "postgres" or "redis"
+	killLoopEnv     = "IDEM_KILLLOOP_CHILD" // the backend: "bolt", "postgres", "mysql" or "redis"
 	killLoopNameEnv = "IDEM_KILLLOOP_NAME"  // bolt: the file; postgres: the table; redis: the key prefix
 	killLoopDirEnv  = "IDEM_KILLLOOP_DIR"   // the directory holding the ledgers
 	killLoopBaseEnv = "IDEM_KILLLOOP_BASE"  // the number of the child's first fresh key
@@ -74,6 +74,14 @@ func TestKillLoop(t *testing.T) {
 		table := uniqueName("idem_kill_")
 		dropLater(t, pool, table)
 		killLoop(t, "postgres", table, kills)
+	})
+	t.Run("mysql", func(t *testing.T) {
+		if os.Getenv("IDEM_MYSQL_DSN") == "" {
+			svctest.Skipf(t, "IDEM_MYSQL_DSN is not set: no MySQL to run the kill loop against")
+		}
+		table := uniqueName("idem_kill_")
+		dropMySQLLater(t, table)
+		killLoop(t, "mysql", table, kills)
 	})
 	t.Run("redis", func(t *testing.T) {
 		addr := os.Getenv("IDEM_REDIS_ADDR")
@@ -384,6 +392,12 @@ func openKillLoopStore(ctx context.Context, kind, name string) (*idem.Store[stri
 			return nil, nil, err
 		}
 		opts.Backend, closeBackend = b, pool.Close
+	case "mysql":
+		b, closeDB, err := openMySQL(ctx, name)
+		if err != nil {
+			return nil, nil, err
+		}
+		opts.Backend, closeBackend = b, closeDB
 	case "redis":
 		rdb := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}, PoolSize: 32})
 		opts.Backend, closeBackend = redis.New(rdb, redis.Options{Prefix: name}), func() { _ = rdb.Close() }

@@ -20,20 +20,27 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// eachBackend runs test against a fresh postgres table and a fresh redis
-// prefix, with pool for counting side effects, skipping those whose service
+// eachBackend runs test against a fresh postgres table, a fresh mysql
+// table and a fresh redis prefix, with pool for counting side effects, skipping those whose service
 // is not configured.
 func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend)) {
 	pool := testPool(t)
-	for _, kind := range []string{"postgres", "redis"} {
+	for _, kind := range []string{"postgres", "mysql", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
 				svctest.Skipf(t, "IDEM_REDIS_ADDR is not set")
 			}
+			if kind == "mysql" && os.Getenv("IDEM_MYSQL_DSN") == "" {
+				svctest.Skipf(t, "IDEM_MYSQL_DSN is not set")
+			}
 			name := uniqueName("idemlease:") + ":"
-			if kind == "postgres" {
+			switch kind {
+			case "postgres":
 				name = uniqueName("idem_lease_")
 				dropLater(t, pool, name)
+			case "mysql":
+				name = uniqueName("idem_lease_")
+				dropMySQLLater(t, name)
 			}
 			b, closeBackend, err := open(context.Background(), kind, pool, name)
 			require.NoError(t, err)

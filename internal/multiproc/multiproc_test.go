@@ -156,9 +156,12 @@ func runChild() error {
 // under name (a table, or a key prefix), and a func that closes what it
 // opened.
 func open(ctx context.Context, kind string, pool *pgxpool.Pool, name string) (backend.Backend, func(), error) {
-	if kind == "postgres" {
+	switch kind {
+	case "postgres":
 		b, err := postgres.New(ctx, pool, postgres.Options{Table: name})
 		return b, func() {}, err
+	case "mysql":
+		return openMySQL(ctx, name)
 	}
 	opts := &goredis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}, PoolSize: 32}
 	if kind == "redis-cluster" {
@@ -172,10 +175,13 @@ func open(ctx context.Context, kind string, pool *pgxpool.Pool, name string) (ba
 // every key's side effect happens exactly once.
 func TestRaceAcrossProcesses(t *testing.T) {
 	pool := testPool(t)
-	for _, kind := range []string{"postgres", "redis", "redis-cluster"} {
+	for _, kind := range []string{"postgres", "mysql", "redis", "redis-cluster"} {
 		t.Run(kind, func(t *testing.T) {
 			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
 				svctest.Skipf(t, "IDEM_REDIS_ADDR is not set")
+			}
+			if kind == "mysql" && os.Getenv("IDEM_MYSQL_DSN") == "" {
+				svctest.Skipf(t, "IDEM_MYSQL_DSN is not set")
 			}
 			if kind == "redis-cluster" && os.Getenv("IDEM_REDIS_CLUSTER_ADDRS") == "" {
 				svctest.Skipf(t, "IDEM_REDIS_CLUSTER_ADDRS is not set: set it (.ci/redis-cluster starts a cluster) to race on a Redis Cluster")
@@ -183,16 +189,20 @@ func TestRaceAcrossProcesses(t *testing.T) {
 			const processes, keys = 4, 2000
 			effects := effectsTable(t, pool)
 			table := uniqueName("idemrace:") + ":"
-			if kind == "postgres" {
+			switch kind {
+			case "postgres":
 				table = uniqueName("idem_race_")
 				dropLater(t, pool, table)
+			case "mysql":
+				table = uniqueName("idem_race_")
+				dropMySQLLater(t, table)
 			}
 
 			var children []*child
 			for range processes {
 				children = append(children, startChild(t, childEnv+"="+kind, tableEnv+"="+table, effectsEnv+"="+effects, keysEnv+"="+strconv.Itoa(keys)))
 			}
-			if kind != "postgres" { // the race starts on servers that know no script
+			if strings.HasPrefix(kind, "redis") { // the race starts on servers that know no script
 				flushScripts(t, kind)
 			}
 			for _, c := range children { // all at once

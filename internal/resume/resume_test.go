@@ -3,6 +3,7 @@ package resume
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,12 +17,14 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/internal/svctest"
+	"github.com/seed094d4201/idem/mysql"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 	"github.com/seed094d4201/idem/sqlite"
@@ -170,6 +173,17 @@ func open(kind, where string) (backend.Backend, func(), error) {
 			return nil, nil, err
 		}
 		return b, pool.Close, nil
+	case "mysql":
+		db, err := sql.Open("mysql", os.Getenv("IDEM_MYSQL_DSN"))
+		if err != nil {
+			return nil, nil, err
+		}
+		b, err := mysql.New(context.Background(), db, mysql.Options{Table: where})
+		if err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+		return b, func() { db.Close() }, nil
 	case "redis":
 		rdb := goredis.NewClient(&goredis.Options{Addr: os.Getenv("IDEM_REDIS_ADDR")})
 		return redis.New(rdb, redis.Options{Prefix: where}), func() { rdb.Close() }, nil
@@ -198,6 +212,19 @@ func place(t *testing.T, kind string) string {
 			}
 		})
 		return prefix
+	case "mysql":
+		dsn := os.Getenv("IDEM_MYSQL_DSN")
+		if dsn == "" {
+			svctest.Skipf(t, "IDEM_MYSQL_DSN is not set: set it (e.g. root@tcp(127.0.0.1:3306)/test) to run the MySQL tests")
+		}
+		table := "idem_resume_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		t.Cleanup(func() {
+			if db, err := sql.Open("mysql", dsn); err == nil {
+				_, _ = db.Exec("DROP TABLE IF EXISTS " + table)
+				db.Close()
+			}
+		})
+		return table
 	}
 	dsn := os.Getenv("IDEM_POSTGRES_DSN")
 	if dsn == "" {
@@ -219,7 +246,7 @@ func place(t *testing.T, kind string) string {
 // service happened exactly once (a step killed inside ran twice, with the
 // same derived key, and the service recognised the repeat).
 func TestKilledAtEveryStepBoundary(t *testing.T) {
-	for _, kind := range []string{"bolt", "sqlite", "postgres", "redis"} {
+	for _, kind := range []string{"bolt", "sqlite", "postgres", "mysql", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			for i := range steps {
 				for _, at := range []string{"before", "inside", "after"} {

@@ -68,6 +68,9 @@ func runChild() error {
 		return err
 	}
 	defer closeBackend()
+	if key := os.Getenv(holdEnv); key != "" && os.Getenv(txEnv) != "" && os.Getenv(childEnv) == "mysql" {
+		return holdMySQLTx(ctx, backend, key)
+	}
 	if key := os.Getenv(holdEnv); key != "" && os.Getenv(txEnv) != "" {
 		store := idem.New[int](idem.Options{Backend: backend})
 		_, err := postgres.RunOnceTx(ctx, store, key, "p", func(ctx context.Context, tx pgx.Tx) (int, error) {

@@ -43,10 +43,11 @@ usage:
                                             and every record
   idem help                                 this text
 
-WHERE is a bolt file, sqlite:FILE, a postgres:// DSN or a redis:// URL. Flags may come
+WHERE is a bolt file, sqlite:FILE, a postgres:// DSN, a mysql://user@host/db URL
+or a redis:// URL. Flags may come
 before or after the command and its arguments; after -- every argument is
 taken as it is (for a key that starts with "-"):
-  -name NAME    the PostgreSQL or SQLite table or Redis key prefix, if not
+  -name NAME    the PostgreSQL, MySQL or SQLite table or Redis key prefix, if not
                 the default (idem_keys; no prefix)
   -scope S      KEY is an Idempotency-Key that idemhttp or idemgrpc stored for
                 the client scope S (its store key is idemhttp.StoreKey(S, KEY));

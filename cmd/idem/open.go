@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
@@ -30,9 +31,9 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-// openTarget opens where: a postgres:// or postgresql:// DSN, a redis://
-// URL, sqlite:PATH for a SQLite file, or else a bolt file, read-only if readOnly. name is the table
-// (postgres) or key prefix (redis); empty means the backend's default. It
+// openTarget opens where: a postgres:// or postgresql:// DSN, a mysql://
+// URL, a redis:// URL, sqlite:PATH for a SQLite file, or else a bolt file, read-only if readOnly. name is the table
+// (postgres, mysql, sqlite) or key prefix (redis); empty means the backend's default. It
 // returns a func that closes what it opened. ctx bounds the connection.
 func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Writer) (target, func(), error) {
 	switch {
@@ -56,6 +57,8 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 			return nil, nil, err
 		}
 		return b, pool.Close, nil
+	case strings.HasPrefix(where, "mysql://"):
+		return openMySQL(ctx, where, name)
 	case strings.HasPrefix(where, "redis://"), strings.HasPrefix(where, "rediss://"):
 		opts, err := goredis.ParseURL(where)
 		if err != nil {
@@ -143,7 +146,10 @@ func display(where string) string {
 // explain adds the next step to errors an operator can act on.
 func explain(err error, name string) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" || err != nil && strings.Contains(err.Error(), "no such table") { // undefined_table
+	var myErr *gomysql.MySQLError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" || // undefined_table
+		errors.As(err, &myErr) && myErr.Number == 1146 || // ER_NO_SUCH_TABLE
+		err != nil && strings.Contains(err.Error(), "no such table") {
 		table := name
 		if table == "" {
 			table = "idem_keys"

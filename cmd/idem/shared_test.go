@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"database/sql"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/svctest"
+	"github.com/seed094d4201/idem/mysql"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 	"github.com/seed094d4201/idem/sqlite"
@@ -41,6 +45,15 @@ func TestSharedBackends(t *testing.T) {
 			require.NoError(t, err)
 			return b
 		}},
+		{"mysql", mysqlURL(), "idem_cli_" + suffix, func(t *testing.T) backend.Backend {
+			db, err := sql.Open("mysql", os.Getenv("IDEM_MYSQL_DSN"))
+			require.NoError(t, err)
+			t.Cleanup(func() { db.Close() })
+			t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS idem_cli_" + suffix) })
+			b, err := mysql.New(ctx, db, mysql.Options{Table: "idem_cli_" + suffix})
+			require.NoError(t, err)
+			return b
+		}},
 		{"redis", "redis://" + os.Getenv("IDEM_REDIS_ADDR"), "idemcli:" + suffix + ":", func(t *testing.T) backend.Backend {
 			rdb := goredis.NewClient(&goredis.Options{Addr: os.Getenv("IDEM_REDIS_ADDR")})
 			t.Cleanup(func() { rdb.Close() })
@@ -57,7 +70,7 @@ func TestSharedBackends(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.where == "" || tc.where == "redis://" {
-				svctest.Skipf(t, "the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_REDIS_ADDR)", tc.name)
+				svctest.Skipf(t, "the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_MYSQL_DSN, IDEM_REDIS_ADDR)", tc.name)
 			}
 			b := tc.backend(t)
 			claimAt := time.Now()
@@ -141,4 +154,37 @@ func TestSharedHints(t *testing.T) {
 		assert.Equal(t, 1, code, "%v", cmd)
 		assert.Contains(t, errs, "lease holds until", "%v", cmd)
 	}
+}
+
+// mysqlURL is IDEM_MYSQL_DSN (user@tcp(host:port)/db) as the mysql:// URL
+// the command takes, or "" when it is not set.
+func mysqlURL() string {
+	dsn := os.Getenv("IDEM_MYSQL_DSN")
+	if dsn == "" {
+		return ""
+	}
+	cfg, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		return ""
+	}
+	u := url.URL{Scheme: "mysql", Host: cfg.Addr, Path: "/" + cfg.DBName}
+	if cfg.Passwd != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Passwd)
+	} else if cfg.User != "" {
+		u.User = url.User(cfg.User)
+	}
+	return u.String()
+}
+
+func TestMySQLURL(t *testing.T) {
+	cfg, err := mysqlConfig("mysql://app:s3cret@db.internal/shop?parseTime=true")
+	require.NoError(t, err)
+	assert.Equal(t, "app", cfg.User)
+	assert.Equal(t, "s3cret", cfg.Passwd)
+	assert.Equal(t, "db.internal:3306", cfg.Addr)
+	assert.Equal(t, "shop", cfg.DBName)
+	assert.True(t, cfg.ParseTime)
+	_, err = mysqlConfig("mysql://app:s3cret@db/shop?loc=Nowhere%2FAtAll")
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "s3cret", "the password is not shown")
 }

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"strings"
+
+	gomysql "github.com/go-sql-driver/mysql"
+	"github.com/seed094d4201/idem/mysql"
+)
+
+// mysqlConfig turns a mysql:// URL (mysql://user:password@host:port/db?param=v,
+// the parameters those of github.com/go-sql-driver/mysql) into the
+// driver's configuration.
+func mysqlConfig(where string) (*gomysql.Config, error) {
+	u, err := url.Parse(where)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("%s: not a MySQL URL (mysql://user:password@host:3306/database)", display(where))
+	}
+	dsn := ""
+	if u.User != nil {
+		dsn = u.User.Username()
+		if pw, ok := u.User.Password(); ok {
+			dsn += ":" + pw
+		}
+		dsn += "@"
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host += ":3306"
+	}
+	dsn += "tcp(" + host + ")/" + strings.TrimPrefix(u.Path, "/")
+	if u.RawQuery != "" {
+		dsn += "?" + u.RawQuery
+	}
+	cfg, err := gomysql.ParseDSN(dsn)
+	if err != nil { // its message may quote the DSN, password and all
+		return nil, fmt.Errorf("%s: not a DSN the MySQL driver takes", display(where))
+	}
+	return cfg, nil
+}
+
+// openMySQL opens the table name (default idem_keys) at where, a mysql://
+// URL; the table must exist.
+func openMySQL(ctx context.Context, where, name string) (target, func(), error) {
+	cfg, err := mysqlConfig(where)
+	if err != nil {
+		return nil, nil, err
+	}
+	connector, err := gomysql.NewConnector(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", display(where), err)
+	}
+	db := sql.OpenDB(connector)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("cannot reach MySQL at %s: %w", cfg.Addr, err)
+	}
+	// NoMigrate: an operator's tool never creates tables.
+	b, err := mysql.New(ctx, db, mysql.Options{Table: name, NoMigrate: true})
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return b, func() { db.Close() }, nil
+}

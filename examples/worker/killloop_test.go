@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -21,8 +22,13 @@ import (
 // plus the sum of the distinct events, every event must have its done
 // note, and no event may be reported applied twice.
 func TestKillLoop(t *testing.T) {
-	for _, kind := range []string{"sqlite", "bolt"} {
-		t.Run(kind, func(t *testing.T) { killLoop(t, kind, 1000, 30) })
+	for _, kind := range []string{"sqlite", "bolt", "mysql"} {
+		t.Run(kind, func(t *testing.T) {
+			if kind == "mysql" && os.Getenv(mysqlEnv) == "" {
+				svctest.Skipf(t, "%s is not set: no MySQL to run the kill loop against", mysqlEnv)
+			}
+			killLoop(t, kind, 1000, 30)
+		})
 	}
 }
 
@@ -44,6 +50,10 @@ func killLoop(t *testing.T, kind string, events, kills int) {
 		want[evs[i].Item] += delta
 	}
 	path := filepath.Join(t.TempDir(), kind+".db")
+	if kind == "mysql" {
+		path = fmt.Sprintf("idem_worker_kill_%d_", time.Now().UnixNano())
+		t.Cleanup(func() { _ = dropMySQL(path) })
+	}
 
 	var (
 		acked      = make([]bool, events)

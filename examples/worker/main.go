@@ -5,7 +5,8 @@
 // RunOnceTx commits the key (the "done" note), the stock change and the
 // answer in one local transaction, so a crash leaves all of them or none.
 // The story runs on SQLite, then on bbolt: the same promise, in the two
-// embedded stores.
+// embedded stores; and on MySQL or MariaDB too, when IDEM_MYSQL_DSN names
+// a database (root@tcp(127.0.0.1:3306)/test).
 //
 //	go run ./examples/worker
 package main
@@ -18,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
 func main() {
@@ -57,13 +59,23 @@ func run(w io.Writer) error {
 			return fmt.Errorf("%s: %w", kind, err)
 		}
 	}
+	if os.Getenv(mysqlEnv) == "" {
+		return nil
+	}
+	prefix := fmt.Sprintf("idem_worker_%d_", time.Now().UnixNano())
+	defer dropMySQL(prefix)
+	if err := story(w, "mysql", prefix); err != nil {
+		return fmt.Errorf("mysql: %w", err)
+	}
 	return nil
 }
 
 // story delivers three events, some of them twice, to a worker that is
 // killed inside one of them and restarts.
 func story(w io.Writer, kind, path string) error {
-	fmt.Fprintf(w, "\nThe worker on %s, with the stock and the done notes in one file:\n", map[string]string{"sqlite": "SQLite", "bolt": "bbolt"}[kind])
+	where := map[string]string{"sqlite": "SQLite, with the stock and the done notes in one file", "bolt": "bbolt, with the stock and the done notes in one file",
+		"mysql": "MySQL, with the stock and the done notes in one database"}[kind]
+	fmt.Fprintf(w, "\nThe worker on %s:\n", where)
 	wk, err := startWorker(kind, path, crashEnv+"="+order102.ID)
 	if err != nil {
 		return err

@@ -38,7 +38,8 @@ type Stock interface {
 	Close() error
 }
 
-// openStock opens the stock of kind "sqlite" or "bolt" at path. inside, if
+// openStock opens the stock of kind "sqlite" or "bolt" at path, or of
+// kind "mysql" in tables whose names start with path. inside, if
 // set, runs inside each event's transaction after its change: the story
 // uses it to kill the worker there.
 func openStock(kind, path string, inside func(Event)) (Stock, error) {
@@ -47,8 +48,10 @@ func openStock(kind, path string, inside func(Event)) (Stock, error) {
 		return openSQLite(path, inside)
 	case "bolt":
 		return openBolt(path, inside)
+	case "mysql": // path is the tables' prefix
+		return openMySQL(path, inside)
 	}
-	return nil, fmt.Errorf("unknown stock kind %q (sqlite or bolt)", kind)
+	return nil, fmt.Errorf("unknown stock kind %q (sqlite, bolt or mysql)", kind)
 }
 
 // keys is the idempotency store: an event's outcome is the stock left. An

@@ -182,7 +182,7 @@ func TestConnectionKilledMidStatement(t *testing.T) {
 
 	holder, err := direct.Begin()
 	require.NoError(t, err)
-	_, err = holder.Exec("INSERT INTO `"+table+"` (`key`, fingerprint, token, state, created_at, failed, err_msg) VALUES ('k', REPEAT('x', 32), 'holder', 1, UTC_TIMESTAMP(6), FALSE, '')")
+	_, err = holder.Exec("INSERT INTO `" + table + "` (`key`, fingerprint, token, state, created_at, failed, err_msg) VALUES ('k', REPEAT('x', 32), 'holder', 1, UTC_TIMESTAMP(6), FALSE, '')")
 	require.NoError(t, err)
 
 	var calls atomic.Int32

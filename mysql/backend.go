@@ -187,7 +187,16 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		case err != nil:
 			return backend.Record{}, false, err
 		case got.ok && !got.expired:
-			return got.rec, got.rec.Token == rec.Token && got.rec.State == backend.StatePending, nil
+			mine := got.rec.Token == rec.Token && got.rec.State != backend.StateCompleted
+			if mine {
+				// This request's own claim, pending, though its lease may
+				// have lapsed already by the time it is read (a lease of
+				// a few microseconds, or MySQL 8's read after the
+				// insert): the token, not the lease, makes it this
+				// caller's to run.
+				got.rec.State = backend.StatePending
+			}
+			return got.rec, mine, nil
 		case got.ok: // expired: take it over, unless another claim did first
 			if _, err := b.exec(ctx, b.q.takeOver, rec.Fingerprint[:], token, us, key); err != nil {
 				return backend.Record{}, false, err

@@ -187,16 +187,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		case err != nil:
 			return backend.Record{}, false, err
 		case got.ok && !got.expired:
-			mine := got.rec.Token == rec.Token && got.rec.State != backend.StateCompleted
-			if mine {
-				// This request's own claim, pending, though its lease may
-				// have lapsed already by the time it is read (a lease of
-				// a few microseconds, or MySQL 8's read after the
-				// insert): the token, not the lease, makes it this
-				// caller's to run.
-				got.rec.State = backend.StatePending
-			}
-			return got.rec, mine, nil
+			return got.rec, got.rec.Token == rec.Token && got.rec.State == backend.StatePending, nil
 		case got.ok: // expired: take it over, unless another claim did first
 			if _, err := b.exec(ctx, b.q.takeOver, rec.Fingerprint[:], token, us, key); err != nil {
 				return backend.Record{}, false, err
@@ -232,7 +223,16 @@ func (b *Backend) claimOnce(ctx context.Context, q querier, key, fp, token []byt
 	if _, err := q.ExecContext(ctx, b.q.insert, key, fp, token, lease); err != nil {
 		return found{}, err
 	}
-	return queryOne(ctx, q, b.q.get, []any{key})
+	f, err := queryOne(ctx, q, b.q.get, []any{key})
+	if err == nil && f.ok && f.rec.Token == string(token) && f.rec.State == backend.StateInterrupted {
+		// The claim this call just inserted (or took over), read a round
+		// trip later, when a lease shorter than that has lapsed: the
+		// answer is the record as the insert left it, as RETURNING gives
+		// it, pending. (Its fate from here is the Store's, as for a reply
+		// that arrives late.)
+		f.rec.State = backend.StatePending
+	}
+	return f, err
 }
 
 // Complete records the outcome, expiring ttl after the server's now.

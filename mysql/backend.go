@@ -30,7 +30,12 @@
 // that waited out innodb_lock_wait_timeout (1205), was rolled back and is
 // sent again until its ctx ends, so callers never see one: concurrent
 // inserts of one key deadlock on their next-key locks under REPEATABLE
-// READ. The sweep, and the transactions the backend opens itself
+// READ. A statement that may meet a RunOnceTx's uncommitted claim (a
+// claim, a takeover, a Forget) waits for its row lock one second at most,
+// not innodb_lock_wait_timeout, and is sent again while its ctx allows:
+// one whose caller gave up must not wait on at the server, and land later.
+// A Forget that meets such a lock answers idem.ErrInProgress. The sweep,
+// and the transactions the backend opens itself
 // (RecordStep, RunOnceTx), are READ COMMITTED: they lock the rows they
 // touch, not the gaps between them, where claims insert.
 //
@@ -75,6 +80,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/seed094d4201/idem"
@@ -141,7 +147,8 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 	if err := db.QueryRowContext(ctx, `SELECT VERSION(), @@max_allowed_packet`).Scan(&version, &packet); err != nil {
 		return nil, fmt.Errorf("mysql: asking the server's version: %w", err)
 	}
-	b := &Backend{db: db, q: newQueries(table), returning: insertReturns(version), packet: packet}
+	mariaDB := strings.Contains(version, "MariaDB")
+	b := &Backend{db: db, q: newQueries(table, mariaDB), returning: insertReturns(version), packet: packet}
 	if !opts.NoMigrate {
 		if err := migrate(ctx, db, table, name); err != nil {
 			return nil, fmt.Errorf("mysql: creating table %s: %w", table, err)
@@ -305,7 +312,19 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 
 // Forget judges the lease by the server's clock.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
-	n, err := b.exec(ctx, b.q.forget, []byte(key))
+	n, err := retried(ctx, func() (int64, error) {
+		res, err := b.db.ExecContext(ctx, b.q.forget, []byte(key))
+		if lockWaited(err) {
+			// The row is locked by a transaction in flight, a RunOnceTx
+			// whose uncommitted claim it is and which may yet commit its
+			// outcome: not a conflict to retry (%v: not retried()'s).
+			return 0, fmt.Errorf("%w: key %q is held by a transaction in flight (%v)", idem.ErrInProgress, key, err)
+		}
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	})
 	if err != nil || n > 0 {
 		return err
 	}

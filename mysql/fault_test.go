@@ -133,7 +133,7 @@ func TestStoreOverSilentServer(t *testing.T) {
 	db, err := sql.Open("mysql", "root@tcp("+faulttest.SilentServer(t)+")/test")
 	require.NoError(t, err)
 	defer db.Close()
-	b := &Backend{db: db, q: newQueries("`idem_keys`"), packet: 1 << 24}
+	b := &Backend{db: db, q: newQueries("`idem_keys`", true), packet: 1 << 24}
 	s := idem.New[int](idem.Options{Backend: b, SettleTimeout: 2 * time.Second})
 	defer s.Close()
 	const wait = time.Second
@@ -182,6 +182,7 @@ func TestConnectionKilledMidStatement(t *testing.T) {
 
 	holder, err := direct.Begin()
 	require.NoError(t, err)
+	defer holder.Rollback() // before s.Close, which waits for the claim
 	_, err = holder.Exec("INSERT INTO `" + table + "` (`key`, fingerprint, token, state, created_at, failed, err_msg) VALUES ('k', REPEAT('x', 32), 'holder', 1, UTC_TIMESTAMP(6), FALSE, '')")
 	require.NoError(t, err)
 
@@ -194,7 +195,7 @@ func TestConnectionKilledMidStatement(t *testing.T) {
 	// Observed on the server, not slept for: the claim waits on the lock.
 	require.Eventually(t, func() bool {
 		var n int
-		_ = direct.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO `" + table + "`%'").Scan(&n)
+		_ = direct.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%INSERT INTO `" + table + "`%' AND INFO NOT LIKE '%PROCESSLIST%'").Scan(&n)
 		return n > 0
 	}, 10*time.Second, 5*time.Millisecond)
 	proxy.KillAll()

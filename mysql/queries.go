@@ -1,6 +1,9 @@
 package mysql
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // Every instant is the server's: the statements compute them from
 // UTC_TIMESTAMP(6), which is the same for every session's time_zone and
@@ -30,6 +33,23 @@ const (
 // already.
 const in = serverNow + ` + INTERVAL NULLIF(?, 0) MICROSECOND`
 
+// briefly makes stmt, which may meet another transaction's row lock (a
+// RunOnceTx holds its uncommitted claim's until its fn returns), wait for
+// it one second at most, the least innodb_lock_wait_timeout can be, not the
+// session's 50 s default: a statement whose caller gave up (its connection
+// closed) waits on at the server and would land later, a claim nobody
+// runs or a Forget nobody asked for any more. A live caller sends it again
+// (retried), for as long as its ctx allows. MariaDB sets a variable for one
+// statement with SET STATEMENT; MySQL 8 with the SET_VAR hint, which
+// MariaDB would ignore.
+func briefly(stmt string, mariaDB bool) string {
+	if mariaDB {
+		return `SET STATEMENT innodb_lock_wait_timeout = 1 FOR ` + stmt
+	}
+	verb, rest, _ := strings.Cut(stmt, " ")
+	return verb + ` /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ ` + rest
+}
+
 // queries are the statements, written once for the table's name.
 type queries struct {
 	t                                                                                                   string // the table, quoted
@@ -37,10 +57,11 @@ type queries struct {
 	lockSteps, setSteps, resume                                                                         string
 }
 
-func newQueries(t string) queries {
+func newQueries(t string, mariaDB bool) queries {
 	insert := `INSERT INTO ` + t + " (`key`, fingerprint, token, state, created_at, lease_until, value, failed, err_msg)" + `
-VALUES (?, ?, ?, 1, ` + serverNow + `, ` + in + `, NULL, FALSE, '')
+VALUES (?, ?, ?, 1, ` + serverNow + `, ` + in + `, NULL, FALSE, x'')
 ON DUPLICATE KEY UPDATE state = state`
+	insert = briefly(insert, mariaDB)
 	return queries{
 		t: t,
 		// The primary key decides, atomically, which of concurrent
@@ -63,16 +84,18 @@ RETURNING ` + seenColumns + `, CONNECTION_ID()`,
 		getTx: `SELECT ` + seenColumns + `, CONNECTION_ID() FROM ` + t + " WHERE `key` = ?",
 		// Takes over a record that expired, atomically: the WHERE clause
 		// is checked against the row as it stands when the UPDATE locks it.
-		takeOver: `UPDATE ` + t + ` SET fingerprint = ?, token = ?, state = 1, created_at = ` + serverNow + `, expires_at = NULL,
-    lease_until = ` + in + `, value = NULL, failed = FALSE, err_msg = '', steps = NULL
-WHERE ` + "`key`" + ` = ? AND ` + expired,
+		takeOver: briefly(`UPDATE `+t+` SET fingerprint = ?, token = ?, state = 1, created_at = `+serverNow+`, expires_at = NULL,
+    lease_until = `+in+`, value = NULL, failed = FALSE, err_msg = x'', steps = NULL
+WHERE `+"`key`"+` = ? AND `+expired, mariaDB),
 		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + INTERVAL ? MICROSECOND, lease_until = NULL,
     value = ?, failed = ?, err_msg = ?
 WHERE ` + "`key`" + ` = ? AND token = ? AND state <> 2`,
 		release: `DELETE FROM ` + t + " WHERE `key` = ? AND token = ? AND state <> 2",
 		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + INTERVAL ? MICROSECOND
 WHERE ` + "`key`" + ` = ? AND token = ? AND ` + held,
-		forget: `DELETE FROM ` + t + " WHERE `key` = ? AND NOT (" + held + `)`,
+		// Forget meets a RunOnceTx's claim as a row lock, and waits for it
+		// briefly: the key is in flight.
+		forget: briefly(`DELETE FROM `+t+" WHERE `key` = ? AND NOT ("+held+`)`, mariaDB),
 		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + " WHERE `key` = ?)",
 		// The index finds the expired records, oldest first. It runs in
 		// a READ COMMITTED transaction (Sweep), so that it locks only the

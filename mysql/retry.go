@@ -50,6 +50,14 @@ func conflicted(err error) bool {
 	return errors.As(err, &me) && (me.Number == errDeadlock || me.Number == errLockWaitTimeout)
 }
 
+// lockWaited reports whether err is the server's answer to a statement
+// that waited out innodb_lock_wait_timeout for another transaction's row
+// lock.
+func lockWaited(err error) bool {
+	var me *mysql.MySQLError
+	return err != nil && errors.As(err, &me) && me.Number == errLockWaitTimeout
+}
+
 // answered reports whether err is a refusal of a statement before it
 // could take effect: the driver's, of a request larger than its
 // maxAllowedPacket, which it never sends, or the server's, with a number
@@ -68,6 +76,7 @@ func answered(err error) bool {
 	switch me.Number {
 	case 1044, 1045, 1142, 1143, // access denied to the database, the user, the table, a column
 		1046, 1049, 1054, 1064, 1146, // no database, unknown database or column, syntax, no such table
+		1048, 1100, // a NULL in a NOT NULL column, a table not locked by the session's LOCK TABLES
 		1264, 1366, 1406, // a value out of range, of the wrong type, too long
 		1290, 1792, // a read-only server (--read-only), a read-only transaction
 		errNetPacketLarge:

@@ -37,6 +37,16 @@ import (
 // COMMITTED; a duplicate that waits longer than innodb_lock_wait_timeout
 // asks again, until its work's context ends.
 //
+// The transaction runs on a connection held for it alone, with autocommit
+// off: a transaction the server ends without fn ending it (InnoDB rolls a
+// deadlock victim back whole, claim included) leaves fn's later statements
+// through tx in a transaction of their own, which is rolled back, never
+// committed one by one without the key. Before the connection goes back
+// to the pool, autocommit is turned on again and the session's timestamp
+// reset, which fn may have SET; a connection whose transaction fn ended
+// (or LOCK TABLES, which ends it) is closed instead. Other session
+// settings fn changes stay on the pooled connection, as on any *sql.Tx's.
+//
 // store supplies the fingerprint, codec and TTL; its Backend must be a
 // *Backend, whose table holds the key. fn must do its writes through tx,
 // and must not commit or roll it back, nor run DDL, which MySQL commits
@@ -97,29 +107,34 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	// it would read as interrupted, which Forget and Resolve settle, not
 	// as a claim that holds for ever.
 	claim := backend.Record{Key: key, Fingerprint: fp, Token: txrun.Token(), State: backend.StatePending}
+	sess, err := b.openSession(ctx)
+	if err != nil {
+		return zero, &idem.BackendError{Op: "claim", Err: err}, false
+	}
+	defer func() { sess.close(ctx, txrun.Of(store).Options().SettleTimeout) }()
 	var (
-		tx   *sql.Tx
-		rec  found
-		conn int64
+		tx  *sql.Tx
+		rec found
 	)
 	// A deadlock rolls the whole transaction back, and a lock wait that
 	// timed out the statement: either way, begin again.
-	_, err := retried(ctx, func() (struct{}, error) {
+	_, err = retried(ctx, func() (struct{}, error) {
 		var err error
-		if tx, err = b.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted}); err != nil {
+		if tx, err = sess.conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted}); err != nil {
 			return struct{}{}, err
 		}
-		if rec, err = claimTx(ctx, tx, b, []byte(key), fp[:], []byte(claim.Token), &conn); err != nil {
-			tx.Rollback()
+		if rec, err = claimTx(ctx, tx, b, []byte(key), fp[:], []byte(claim.Token), &sess.id); err != nil {
+			sess.rollback(tx)
 		}
 		return struct{}{}, err
 	})
 	if err != nil {
+		sess.spoiled = true
 		return zero, &idem.BackendError{Op: "claim", Err: err}, false
 	}
-	defer tx.Rollback() // a no-op once committed
+	defer sess.rollback(tx) // a no-op once committed
 	if rec.rec.Token == claim.Token {
-		val, err := runTx(context.WithValue(ctx, inTx{}, b.db), store, b, tx, claim, conn, fn)
+		val, err := runTx(context.WithValue(ctx, inTx{}, b.db), store, b, sess, tx, claim, fn)
 		return val, err, false
 	}
 	return txrun.Answer(store, rec.rec, fp)
@@ -155,9 +170,10 @@ func claimTx(ctx context.Context, tx *sql.Tx, b *Backend, key, fp, token []byte,
 
 // runTx runs fn in a savepoint of tx, which holds the new claim, and commits
 // the outcome, or rolls everything back.
-func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql.Tx, claim backend.Record, conn int64, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *session, tx *sql.Tx, claim backend.Record, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
 	opts := txrun.Of(store).Options()
-	if _, err := tx.ExecContext(ctx, `SAVEPOINT idem_fn`); err != nil {
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT `+savepoint); err != nil {
+		sess.spoiled = true
 		return val, &idem.BackendError{Op: "claim", Err: err}
 	}
 	// A panic in fn goes up to Ticket.Do, which reports it; the deferred
@@ -167,11 +183,13 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 		return val, err
 	}
 	if err != nil { // final: keep the key and the error, not fn's writes
-		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT idem_fn`); rerr != nil {
+		if _, rerr := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT `+savepoint); rerr != nil {
+			sess.spoiled = true
 			return val, txrun.Unrecorded(err, ended(rerr))
 		}
 	}
-	if _, rerr := tx.ExecContext(ctx, `RELEASE SAVEPOINT idem_fn`); rerr != nil {
+	if _, rerr := tx.ExecContext(ctx, `RELEASE SAVEPOINT `+savepoint); rerr != nil {
+		sess.spoiled = true
 		return val, txrun.Unrecorded(err, ended(rerr))
 	}
 	done := claim
@@ -193,7 +211,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 	if cerr != nil {
 		return val, txrun.Unrecorded(err, b.oversized(explained(cerr), len(done.Value)+len(done.ErrMsg)))
 	}
-	if cerr := tx.Commit(); cerr != nil && !committed(ctx, b, opts, conn, done) {
+	if cerr := tx.Commit(); cerr != nil && !committed(ctx, b, opts, sess, done, cerr) {
 		return val, txrun.Unrecorded(err, fmt.Errorf("mysql: committing: %w", cerr))
 	}
 	return val, err
@@ -203,29 +221,36 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx *sql
 // transaction had ended (fn committed or rolled it back, or ran DDL, which
 // commits), and the claim with it.
 func ended(err error) error {
-	return fmt.Errorf("mysql: the transaction ended inside fn (a COMMIT, ROLLBACK or DDL statement ends it), so the outcome was not recorded; if fn's writes committed, the key is left interrupted: %w", err)
+	return fmt.Errorf("mysql: the transaction ended inside fn (a deadlock or a ROLLBACK rolls it back, with the key and fn's writes; a COMMIT, LOCK TABLES or DDL commits them), so the outcome was not recorded; if fn's writes committed, the key is left interrupted: %w", err)
 }
 
-// committed reports whether the transaction of session conn, whose COMMIT
-// failed, took effect after all: the reply to a COMMIT can be lost. Once
-// the session is gone, what it committed is in the table, and the
-// claim's token, unique to the transaction, tells whether its outcome is.
-// A session the server still runs (it has not noticed its client is gone,
-// or is still committing) is killed, which ends it once its statement
-// does, and asked about again until Options.SettleTimeout.
-func committed(ctx context.Context, b *Backend, opts idem.Options, conn int64, done backend.Record) bool {
+// committed reports whether the transaction of sess, whose COMMIT failed
+// with err, took effect after all: the reply to a COMMIT can be lost. A
+// COMMIT never sent (the transaction had ended: ctx ran out, and
+// database/sql rolled it back) did not. Once the session is gone on the
+// server, what it committed is in the table, and the claim's token, unique
+// to the transaction, tells whether its outcome is. A session the server
+// still runs (it has not noticed its client is gone, or is still
+// committing) is killed, which ends it once its statement does, and asked
+// about again until Options.SettleTimeout. The session is held all along,
+// so its id is no other caller's.
+func committed(ctx context.Context, b *Backend, opts idem.Options, sess *session, done backend.Record, err error) bool {
+	sess.spoiled = true
+	if errors.Is(err, sql.ErrTxDone) || sess.id == 0 {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
 	defer cancel()
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		var alive bool
-		err := b.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`, conn).Scan(&alive)
+		err := b.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`, sess.id).Scan(&alive)
 		switch {
 		case err == nil && !alive:
 			rec, ok, err := b.Get(ctx, done.Key, time.Time{})
 			return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
 		case err == nil:
 			// Unknown thread (1094) if it ended meanwhile: asked again.
-			_, _ = b.db.ExecContext(ctx, `KILL CONNECTION `+fmt.Sprint(conn))
+			_, _ = b.db.ExecContext(ctx, `KILL CONNECTION `+fmt.Sprint(sess.id))
 		}
 		if pause(ctx, wait) != nil {
 			return false

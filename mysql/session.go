@@ -44,17 +44,24 @@ func (b *Backend) openSession(ctx context.Context) (*session, error) {
 	return s, nil
 }
 
-// close returns the session to the pool as the backend's own statements
-// need it, autocommit on and the server's clock its own (fn may have SET
+// close returns the session to the pool, its transaction rolled back,
+// as the backend's own statements need it: autocommit on and the server's clock its own (fn may have SET
 // timestamp, which UTC_TIMESTAMP follows), or discards it. The session's
-// transaction must have ended (committed or rolled back): turning
-// autocommit on commits one still open. A LOCK TABLES of fn's ends the
+// A LOCK TABLES of fn's ends the
 // transaction (spoiling the session), so it never reaches the pool either.
 // Other session settings fn changes stay, as on any *sql.Tx's connection.
 func (s *session) close(ctx context.Context, timeout time.Duration) {
 	if !s.spoiled {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(timeout, time.Second))
-		_, err := s.conn.ExecContext(ctx, `SET autocommit = 1, timestamp = DEFAULT`)
+		// ROLLBACK first: database/sql, when the work's ctx ends, marks
+		// the Tx done and queues its own ROLLBACK behind a statement
+		// still running, so a transaction may be open here though tx
+		// says done; turning autocommit on would commit it. (After a
+		// COMMIT it does nothing.)
+		_, err := s.conn.ExecContext(ctx, `ROLLBACK`)
+		if err == nil {
+			_, err = s.conn.ExecContext(ctx, `SET autocommit = 1, timestamp = DEFAULT`)
+		}
 		cancel()
 		s.spoiled = err != nil
 	}

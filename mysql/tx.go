@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -239,6 +240,11 @@ func committed(ctx context.Context, b *Backend, opts idem.Options, sess *session
 	if errors.Is(err, sql.ErrTxDone) || sess.id == 0 {
 		return false
 	}
+	// Give the held connection up first: on a pool of one, the questions
+	// below need it. Its server id stays this transaction's (MariaDB and
+	// MySQL do not reuse a thread id soon).
+	_ = sess.conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = sess.conn.Close()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
 	defer cancel()
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {

@@ -44,10 +44,10 @@ func (b *Backend) openSession(ctx context.Context) (*session, error) {
 	return s, nil
 }
 
-// close returns the session to the pool, its transaction rolled back,
-// as the backend's own statements need it: autocommit on and the server's clock its own (fn may have SET
-// timestamp, which UTC_TIMESTAMP follows), or discards it. The session's
-// A LOCK TABLES of fn's ends the
+// close returns the session to the pool as the backend's own statements
+// need it: its transaction rolled back, autocommit on, and the server's
+// clock its own (fn may have SET timestamp, which UTC_TIMESTAMP follows);
+// or it discards the session, if spoiled. A LOCK TABLES of fn's ends the
 // transaction (spoiling the session), so it never reaches the pool either.
 // Other session settings fn changes stay, as on any *sql.Tx's connection.
 func (s *session) close(ctx context.Context, timeout time.Duration) {

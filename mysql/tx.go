@@ -43,15 +43,15 @@ import (
 // deadlock victim back whole, claim included) leaves fn's later statements
 // through tx in a transaction of their own, which is rolled back, never
 // committed one by one without the key. Before the connection goes back
-// to the pool, autocommit is turned on again and the session's timestamp
-// reset, which fn may have SET; a connection whose transaction fn ended
+// to the pool, its transaction is rolled back, autocommit turned on again
+// and the session's timestamp reset, which fn may have SET; a connection whose transaction fn ended
 // (or LOCK TABLES, which ends it) is closed instead. Other session
 // settings fn changes stay on the pooled connection, as on any *sql.Tx's.
 //
 // store supplies the fingerprint, codec and TTL; its Backend must be a
 // *Backend, whose table holds the key. fn must do its writes through tx,
-// and must not commit or roll it back, nor run DDL, which MySQL commits
-// implicitly: a transaction so ended commits the claim, whose lease has
+// and must not commit or roll it back, nor SET autocommit = 1, nor run
+// DDL, which MySQL commits implicitly: a transaction so ended commits the claim, whose lease has
 // lapsed already, so the key reads as interrupted (idem.ErrOutcomeUnknown
 // until Resolve or Forget settles it), never as claimed for ever, and the
 // call fails. A RunOnceTx called with fn's ctx on the same *sql.DB is
@@ -222,7 +222,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *s
 // transaction had ended (fn committed or rolled it back, or ran DDL, which
 // commits), and the claim with it.
 func ended(err error) error {
-	return fmt.Errorf("mysql: the transaction ended inside fn (a deadlock or a ROLLBACK rolls it back, with the key and fn's writes; a COMMIT, LOCK TABLES or DDL commits them), so the outcome was not recorded; if fn's writes committed, the key is left interrupted: %w", err)
+	return fmt.Errorf("mysql: the transaction ended inside fn (a deadlock or a ROLLBACK rolls it back, with the key and fn's writes; a COMMIT, SET autocommit = 1, LOCK TABLES or DDL commits them), so the outcome was not recorded; if fn's writes committed, the key is left interrupted: %w", err)
 }
 
 // committed reports whether the transaction of sess, whose COMMIT failed
@@ -233,8 +233,10 @@ func ended(err error) error {
 // to the transaction, tells whether its outcome is. A session the server
 // still runs (it has not noticed its client is gone, or is still
 // committing) is killed, which ends it once its statement does, and asked
-// about again until Options.SettleTimeout. The session is held all along,
-// so its id is no other caller's.
+// about again until Options.SettleTimeout. The session's connection is
+// given up first, as a pool of one needs it for these questions; its
+// server id stays this transaction's, since servers do not soon reuse a
+// thread id, and the connection held until now was no other caller's.
 func committed(ctx context.Context, b *Backend, opts idem.Options, sess *session, done backend.Record, err error) bool {
 	sess.spoiled = true
 	if errors.Is(err, sql.ErrTxDone) || sess.id == 0 {

@@ -37,71 +37,113 @@ func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 // for none. The two are apart because a finished owner whose outcome is
 // not yet recorded must keep its claim alive until it is. A renewal already
 // in flight is counted in s.background, so Close waits for it, and its
-// context ends when the store closes. A fast fn costs two timers and no
+// context ends when the store closes. A fast fn costs one timer and no
 // goroutine.
 func (s *Store[R]) renew(ctx context.Context, claim backend.Record, sent time.Time) (_ context.Context, end, stop func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	lease := s.opts.Lease
-	every, retry, trust := lease/3, lease/12, leaseTrust(lease)
-	var (
-		mu      sync.Mutex
-		stopped bool              // guarded by mu; no renewal starts once set
-		until   = sent.Add(trust) // guarded by mu: when the lease stops being trusted
-		renewal *time.Timer       // guarded by mu: Reset while not stopped
-		expiry  *time.Timer       // guarded by mu: fires at until; Reset when it moves
-	)
-	mu.Lock()
-	defer mu.Unlock()
-	expiry = time.AfterFunc(time.Until(until), func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped && !time.Now().Before(until) {
-			cancel(ErrLeaseLost)
-		}
-	})
-	renewal = time.AfterFunc(time.Until(sent.Add(every)), func() {
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
-		}
-		s.background.Add(1) // before stop can return: Close waits for this call
-		left := time.Until(until)
-		mu.Unlock()
-		defer s.background.Done()
+	l := &lease[R]{s: s, key: claim.Key, token: claim.Token}
+	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	every := s.opts.Lease / 3
+	l.until, l.next = sent.Add(leaseTrust(s.opts.Lease)), sent.Add(every)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.timer = time.AfterFunc(time.Until(l.next), l.fire)
+	return l.ctx, l.end, l.stop
+}
 
-		// A renewal that lands after the outcome was recorded is refused by
-		// the backend (the record is no longer pending), which is harmless.
-		// Bounded by the trust left, or a retry's worth once it has run out.
-		sent := time.Now()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), max(min(every, left), retry))
-		unhook := context.AfterFunc(s.closing, rcancel)
-		err := s.opts.Backend.Renew(rctx, claim.Key, claim.Token, s.opts.Now(), lease)
-		unhook()
-		rcancel()
+// A lease is the renewals of one durable claim: one timer, which fires at
+// the next renewal or, while a renewal is in flight, at the moment the
+// lease stops being trusted, whichever comes first.
+type lease[R any] struct {
+	s          *Store[R]
+	key, token string
+	ctx        context.Context // the work's: cancelled with ErrLeaseLost
+	cancel     context.CancelCauseFunc
 
-		mu.Lock()
-		defer mu.Unlock()
-		switch {
-		case stopped:
-		case errors.Is(err, backend.ErrNotOwner):
-			cancel(ErrLeaseLost)
-		case err == nil:
-			until = sent.Add(trust)
-			expiry.Reset(time.Until(until))
-			renewal.Reset(time.Until(sent.Add(every)))
-		default: // failed for now: try again soon; expiry ends the trust
-			renewal.Reset(retry)
-		}
-	})
-	return ctx, func() { cancel(nil) }, func() {
-		mu.Lock()
-		stopped = true
-		renewal.Stop()
-		expiry.Stop()
-		mu.Unlock()
-		cancel(nil)
+	mu       sync.Mutex
+	stopped  bool        // guarded by mu; no renewal starts once set
+	renewing bool        // guarded by mu: a renewal call is in flight
+	until    time.Time   // guarded by mu: when the lease stops being trusted
+	next     time.Time   // guarded by mu: when the next renewal is due
+	timer    *time.Timer // guarded by mu: Reset while not stopped
+}
+
+func (l *lease[R]) end() { l.cancel(nil) }
+
+func (l *lease[R]) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.timer.Stop()
+	l.mu.Unlock()
+	l.cancel(nil)
+}
+
+// fire runs on the timer's goroutine: it ends the trust if the lease has
+// run out, and starts the renewal that is due.
+func (l *lease[R]) fire() {
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return
 	}
+	now := time.Now()
+	lapsed := !now.Before(l.until)
+	if lapsed {
+		l.cancel(ErrLeaseLost)
+	}
+	if l.renewing || now.Before(l.next) { // the renewal in flight reschedules
+		if !l.renewing {
+			l.schedule(lapsed)
+		}
+		l.mu.Unlock()
+		return
+	}
+	l.renewing = true
+	l.s.background.Add(1) // before stop can return: Close waits for this call
+	left := l.until.Sub(now)
+	if !lapsed { // the trust must end on time, whatever the call does
+		l.timer.Reset(left)
+	}
+	l.mu.Unlock()
+	defer l.s.background.Done()
+
+	// A renewal that lands after the outcome was recorded is refused by
+	// the backend (the record is no longer pending), which is harmless.
+	// Bounded by the trust left, or a retry's worth once it has run out.
+	s := l.s
+	lease := s.opts.Lease
+	every, retry := lease/3, lease/12
+	sent := time.Now()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(l.ctx), max(min(every, left), retry))
+	unhook := context.AfterFunc(s.closing, rcancel)
+	err := s.opts.Backend.Renew(rctx, l.key, l.token, s.opts.Now(), lease)
+	unhook()
+	rcancel()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.renewing = false
+	switch {
+	case l.stopped:
+		return
+	case errors.Is(err, backend.ErrNotOwner):
+		l.cancel(ErrLeaseLost)
+		return // another owner holds the key: nothing more to renew
+	case err == nil:
+		l.until, l.next = sent.Add(leaseTrust(lease)), sent.Add(every)
+	default: // failed for now: try again soon; the trust still ends at until
+		l.next = time.Now().Add(retry)
+	}
+	l.schedule(!time.Now().Before(l.until))
+}
+
+// schedule sets the timer for the next renewal, or for the end of the
+// trust if that comes first and has not come yet. l.mu is held.
+func (l *lease[R]) schedule(lapsed bool) {
+	at := l.next
+	if !lapsed && l.until.Before(at) {
+		at = l.until
+	}
+	l.timer.Reset(time.Until(at))
 }
 
 // trusted reports whether a lease asked for at sent may still be trusted.

@@ -22,7 +22,7 @@ func TestCompleteKeepsFingerprintOfOldValue(t *testing.T) {
 	claimed := [32]byte{1, 2, 3, 4, 5}
 	enc, err := blob(backend.Record{Key: "old", Fingerprint: claimed, State: backend.StatePending})
 	require.NoError(t, err)
-	require.NoError(t, rdb.Set(ctx, b.key("old"), "1|0|tok|"+enc, 0).Err())
+	require.NoError(t, rdb.Set(ctx, b.key("old"), "1|0|tok|"+string(enc), 0).Err())
 
 	done := backend.Record{Key: "old", Token: "tok", Fingerprint: idem.Fingerprint{0xde, 0xad}, Value: []byte("v")}
 	require.NoError(t, b.Complete(ctx, done, time.Now(), time.Minute))

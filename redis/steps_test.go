@@ -180,7 +180,7 @@ func TestStepOnValueWithoutCreated(t *testing.T) {
 	createdAt := time.UnixMilli(1_700_000_000_123)
 	enc, err := blob(backend.Record{Key: "old", State: backend.StatePending, CreatedAt: createdAt})
 	require.NoError(t, err)
-	require.NoError(t, rdb.Set(ctx, b.key("old"), "1|0|tok|"+enc, 0).Err())
+	require.NoError(t, rdb.Set(ctx, b.key("old"), "1|0|tok|"+string(enc), 0).Err())
 
 	require.NoError(t, b.RecordStep(ctx, "old", "tok", backend.Step{Name: "s", Value: []byte("v")}, time.Now()))
 	rec, ok, err := b.Get(ctx, "old", time.Now())

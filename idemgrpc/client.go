@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/seed094d4201/idem/internal/keyfield"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -28,9 +29,10 @@ type ClientOptions struct {
 	MaxAttempts int
 
 	// MinBackoff and MaxBackoff bound the jittered exponential wait between
-	// attempts; a RetryInfo detail in the server's answer sets the wait,
-	// up to MaxBackoff. An attempt that could not start before ctx's
-	// deadline is not made. Zero means 100 milliseconds and 5 seconds.
+	// attempts; a RetryInfo detail in the server's answer sets the wait.
+	// An answer whose RetryInfo asks for more than MaxBackoff is returned,
+	// not retried sooner than it asks, and so is one whose wait would end
+	// past ctx's deadline. Zero means 100 milliseconds and 5 seconds.
 	MinBackoff, MaxBackoff time.Duration
 }
 
@@ -43,7 +45,7 @@ func WithKey(ctx context.Context, key string) context.Context {
 	if !ok {
 		md = metadata.MD{}
 	}
-	md.Set(KeyHeader, key)
+	md.Set(KeyHeader, keyfield.Encode(key)) // a bare key with a comma would read as a list
 	return metadata.NewOutgoingContext(ctx, md)
 }
 
@@ -51,9 +53,11 @@ func WithKey(ctx context.Context, key string) context.Context {
 // unary call one idempotency key, unless ctx already carries one, and
 // sends that key on every attempt. It retries, with the same key, only the
 // answers that leave the outcome unknown or ask for a retry: Unavailable,
-// Aborted and ResourceExhausted, waiting as their RetryInfo says (up to
-// MaxBackoff) or with jittered backoff, within ctx. It never retries
-// InvalidArgument.
+// Aborted and ResourceExhausted, waiting as their RetryInfo says (an
+// answer that asks for more than MaxBackoff is returned: never retried
+// sooner than asked) or with jittered backoff, within ctx. It never
+// retries InvalidArgument. A key with a comma, or one that starts with a
+// quote, is sent as an RFC 8941 sf-string, as idemhttp sends it.
 func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = 4
@@ -86,7 +90,12 @@ func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 			}
 			wait := min(opts.MaxBackoff, backoff/2+rand.N(backoff/2+1))
 			if d, ok := retryDelay(err); ok {
-				wait = min(d, opts.MaxBackoff) // a server cannot park the client for longer
+				if d > opts.MaxBackoff {
+					// Sooner than the server asked would only meet the same
+					// answer (and add to its load): the caller decides.
+					return err
+				}
+				wait = d
 			}
 			if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
 				return err // no time left for another attempt

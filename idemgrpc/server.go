@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/keyfield"
 	"github.com/seed094d4201/idem/internal/limit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -216,8 +217,8 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	case len(keys) > 1:
 		return nil, status.Error(codes.InvalidArgument, "send one idempotency-key, not several")
 	}
-	key := keys[0]
-	if err := idem.CheckKey(key); err != nil {
+	key, err := keyfield.Parse(keys[0])
+	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "malformed idempotency-key: %v", err)
 	}
 	fp, err := fingerprint(info.FullMethod, req)

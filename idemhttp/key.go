@@ -2,12 +2,11 @@ package idemhttp
 
 import (
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 
-	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/keyfield"
 )
 
 // Header is the request header that carries an idempotency key.
@@ -24,46 +23,7 @@ const ReplayedHeader = "Idempotent-Replayed"
 // makes of two Idempotency-Key fields when it joins them into one (RFC 9110
 // section 5.3), and the header holds one key, not a list; a key with a
 // comma in it is sent quoted.
-func ParseKey(value string) (string, error) {
-	if !strings.HasPrefix(value, `"`) {
-		if strings.Contains(value, ",") {
-			return "", fmt.Errorf("%w: a list of keys (a bare key holds no comma; quote one that does)", idem.ErrInvalidKey)
-		}
-		return value, idem.CheckKey(value)
-	}
-	key, err := unquote(value)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", idem.ErrInvalidKey, err)
-	}
-	return key, idem.CheckKey(key)
-}
-
-// unquote decodes an RFC 8941 sf-string: printable ASCII between double
-// quotes, where only \" and \\ are escapes.
-func unquote(s string) (string, error) {
-	if len(s) < 2 || s[len(s)-1] != '"' {
-		return "", errors.New("quoted key has no closing quote")
-	}
-	var b strings.Builder
-	for i := 1; i < len(s)-1; i++ {
-		c := s[i]
-		switch {
-		case c == '\\':
-			i++
-			if i == len(s)-1 || (s[i] != '"' && s[i] != '\\') {
-				return "", errors.New(`quoted key has a backslash that escapes neither " nor \`)
-			}
-			b.WriteByte(s[i])
-		case c == '"':
-			return "", errors.New("quoted key has an unescaped quote inside")
-		case c < 0x20 || c > 0x7e:
-			return "", fmt.Errorf("quoted key has byte %#x, not printable ASCII", c)
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return b.String(), nil
-}
+func ParseKey(value string) (string, error) { return keyfield.Parse(value) }
 
 // NewKey returns a new random key: a version 4 UUID, 122 random bits. Make
 // it where the intent is made (when the order is placed), store it with the
@@ -88,15 +48,8 @@ func WithKey(req *http.Request, key string) *http.Request {
 
 // encodeKey returns the header value that carries key: the key as it is,
 // or as an sf-string where ParseKey would read it otherwise (a comma, a
-// leading quote).
-func encodeKey(key string) string {
-	// Quoted too when it begins or ends with a space or a tab, which a
-	// header value loses: "order-7 " must not arrive as "order-7".
-	if !strings.ContainsRune(key, ',') && !strings.HasPrefix(key, `"`) && strings.Trim(key, " \t") == key {
-		return key
-	}
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
-}
+// leading quote, a leading or trailing blank).
+func encodeKey(key string) string { return keyfield.Encode(key) }
 
 // keyOf returns the Idempotency-Key in h, however its name was spelt by
 // whoever set it (h["idempotency-key"] bypasses canonicalisation).

@@ -421,29 +421,25 @@ func scanNext(rows pgx.Rows, extra ...any) (backend.Record, bool, error) {
 	if !rows.Next() {
 		return backend.Record{}, false, rows.Err()
 	}
-	var rec backend.Record
-	var fp []byte
-	var state int16
-	var expires, lease *time.Time
-	var steps []byte
-	dest := append(extra, &rec.Key, &fp, &rec.Token, &state, &rec.CreatedAt, &expires, &lease, &rec.Value, &rec.Failed, &rec.ErrMsg, &steps)
-	if err := rows.Scan(dest...); err != nil {
+	var r row
+	if err := scanRow(rows, &r, extra); err != nil {
 		return backend.Record{}, false, err
 	}
-	if len(fp) != len(rec.Fingerprint) {
-		return backend.Record{}, false, fmt.Errorf("postgres: key %q: fingerprint of %d bytes", rec.Key, len(fp))
+	rec := r.rec
+	if len(r.fp) != len(rec.Fingerprint) {
+		return backend.Record{}, false, fmt.Errorf("postgres: key %q: fingerprint of %d bytes", rec.Key, len(r.fp))
 	}
 	var err error
-	if rec.Steps, err = backend.ReadSteps(steps); err != nil {
+	if rec.Steps, err = backend.ReadSteps(r.steps); err != nil {
 		return backend.Record{}, false, fmt.Errorf("postgres: key %q: %w", rec.Key, err)
 	}
-	copy(rec.Fingerprint[:], fp)
-	rec.State = backend.RecordState(state)
-	if expires != nil {
-		rec.ExpiresAt = *expires
+	copy(rec.Fingerprint[:], r.fp)
+	rec.State = backend.RecordState(r.state)
+	if r.expires != nil {
+		rec.ExpiresAt = *r.expires
 	}
-	if lease != nil {
-		rec.LeaseUntil = *lease
+	if r.lease != nil {
+		rec.LeaseUntil = *r.lease
 	}
 	return rec, true, rows.Err()
 }

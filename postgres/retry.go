@@ -73,8 +73,11 @@ func (b *Backend) queryOne(ctx context.Context, sql string, args []any, extra ..
 // opened with NoMigrate is brought up to date by the steps in schema.sql,
 // or by New without NoMigrate.
 func explained(err error) error {
+	if err == nil {
+		return nil // before pe, which escapes: no allocation on success
+	}
 	var pe *pgconn.PgError
-	if err != nil && errors.As(err, &pe) && pe.Code == "42703" { // undefined_column
+	if errors.As(err, &pe) && pe.Code == "42703" { // undefined_column
 		return fmt.Errorf("%w (the table is of an earlier layout: run the upgrade in schema.sql, or open it without Options.NoMigrate)", err)
 	}
 	return err
@@ -89,8 +92,11 @@ func explained(err error) error {
 // with an error response of its own (08P01), and a claim that committed
 // must be read back, not reported refused (helper-38).
 func answered(err error) bool {
+	if err == nil {
+		return false // before pe, which escapes: no allocation on success
+	}
 	var pe *pgconn.PgError
-	if err == nil || !errors.As(err, &pe) || pe.Severity != "ERROR" || len(pe.Code) != 5 {
+	if !errors.As(err, &pe) || pe.Severity != "ERROR" || len(pe.Code) != 5 {
 		return false
 	}
 	switch pe.Code[:2] {

@@ -354,7 +354,7 @@ func (b *Backend) claim(ctx context.Context, rec backend.Record, lease time.Dura
 	if strings.ContainsRune(rec.Token, '|') {
 		return backend.Record{}, false, fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
 	}
-	reply, err := claimScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, millis(lease), enc).Result()
+	reply, err := run(ctx, claimScript, b.rdb, []string{b.key(rec.Key)}, rec.Token, millis(lease), enc).Result()
 	if err != nil {
 		return backend.Record{}, false, err
 	}
@@ -394,13 +394,13 @@ func (b *Backend) complete(ctx context.Context, rec backend.Record, ttl time.Dur
 	if err != nil {
 		return err
 	}
-	n, err := completeScript.Run(ctx, b.rdb, []string{b.key(rec.Key)}, rec.Token, enc, max(millis(ttl), 1)).Int64()
+	n, err := run(ctx, completeScript, b.rdb, []string{b.key(rec.Key)}, rec.Token, enc, max(millis(ttl), 1)).Int64()
 	return backend.Owned(n, err, rec.Key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
 	return bound0(ctx, b.dials, func(ctx context.Context) error {
-		n, err := releaseScript.Run(ctx, b.rdb, []string{b.key(key)}, token).Int64()
+		n, err := run(ctx, releaseScript, b.rdb, []string{b.key(key)}, token).Int64()
 		return backend.Owned(n, err, key)
 	})
 }
@@ -408,7 +408,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
 	return bound0(ctx, b.dials, func(ctx context.Context) error {
-		n, err := renewScript.Run(ctx, b.rdb, []string{b.key(key)}, token, millis(lease)).Int64()
+		n, err := run(ctx, renewScript, b.rdb, []string{b.key(key)}, token, millis(lease)).Int64()
 		return backend.Owned(n, err, key)
 	})
 }
@@ -423,7 +423,7 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 }
 
 func (b *Backend) get(ctx context.Context, key string) (backend.Record, bool, error) {
-	reply, err := getScript.Run(ctx, b.rdb, []string{b.key(key)}).Result()
+	reply, err := run(ctx, getScript, b.rdb, []string{b.key(key)}).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return backend.Record{}, false, nil
@@ -440,7 +440,7 @@ func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
 }
 
 func (b *Backend) forget(ctx context.Context, key string) error {
-	n, err := forgetScript.Run(ctx, b.rdb, []string{b.key(key)}).Int()
+	n, err := run(ctx, forgetScript, b.rdb, []string{b.key(key)}).Int()
 	switch {
 	case err != nil:
 		return err
@@ -463,7 +463,7 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 		return 0, nil
 	}
 	return 0, bound0(ctx, b.dials, func(ctx context.Context) error {
-		n, err := unlinkLegacyScript.Run(ctx, b.rdb, []string{b.legacyIndex}).Int()
+		n, err := run(ctx, unlinkLegacyScript, b.rdb, []string{b.legacyIndex}).Int()
 		if err == nil && n == 0 {
 			b.legacyGone.Store(true)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem/backend"
 )
 
@@ -99,4 +100,16 @@ func bound0(ctx context.Context, dials *dialWatch, call func(context.Context) er
 type found struct {
 	rec backend.Record
 	ok  bool
+}
+
+// run is script.Run without its allocation on success: go-redis's Run asks
+// HasErrorPrefix of every answer, nil included, and that allocates. A
+// script the server does not hold (NOSCRIPT: a restarted or flushed
+// server, a cold script cache) is sent whole, as Run sends it.
+func run(ctx context.Context, script *redis.Script, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	cmd := script.EvalSha(ctx, c, keys, args...)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return script.Eval(ctx, c, keys, args...)
+	}
+	return cmd
 }

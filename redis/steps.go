@@ -70,7 +70,7 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 
 func (b *Backend) recordStep(ctx context.Context, key, token string, step backend.Step) error {
 	for {
-		reply, err := readScript.Run(ctx, b.rdb, []string{b.key(key)}).Result()
+		reply, err := run(ctx, readScript, b.rdb, []string{b.key(key)}).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			return fmt.Errorf("%w: key %q has no record", backend.ErrNotOwner, key)
@@ -99,7 +99,7 @@ func (b *Backend) recordStep(ctx context.Context, key, token string, step backen
 		}
 		step.At = now
 		val.steps = string(backend.AppendSteps(nil, rec.WithStep(step).Steps))
-		n, err := stepScript.Run(ctx, b.rdb, []string{b.key(key)}, old, token, val.String()).Int64()
+		n, err := run(ctx, stepScript, b.rdb, []string{b.key(key)}, old, token, val.String()).Int64()
 		switch {
 		case err != nil:
 			return err
@@ -137,7 +137,7 @@ func (b *Backend) resume(ctx context.Context, key, old, token string, lease time
 	if strings.ContainsRune(token, '|') {
 		return backend.Record{}, fmt.Errorf("redis: token %q holds '|', which the record header reserves", token)
 	}
-	reply, err := resumeScript.Run(ctx, b.rdb, []string{b.key(key)}, old, token, millis(lease)).Result()
+	reply, err := run(ctx, resumeScript, b.rdb, []string{b.key(key)}, old, token, millis(lease)).Result()
 	if err != nil {
 		return backend.Record{}, err
 	}

@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // Close stops the sweeper, refuses later calls with ErrClosed, and waits for
@@ -107,15 +106,17 @@ func (s *Store[R]) closeWait() {
 	// recorded, so that closing a store during a backend blip strands no
 	// key (an outcome given up leaves its key interrupted, and with
 	// RetryInterrupted it would run again).
-	grace := time.NewTimer(s.opts.SettleTimeout)
-	defer grace.Stop()
+	// One deadline for both waits: a channel that stays closed once it
+	// ends, where a timer's fires once, so the second wait sees it too.
+	grace, cancel := context.WithTimeout(context.Background(), s.opts.SettleTimeout)
+	defer cancel()
 	if idle := s.releases.done(); idle != nil {
 		select {
 		case <-idle:
-		case <-grace.C:
+		case <-grace.Done():
 		}
 	}
-	s.abandoned.Store(s.awaitRecording(grace.C))
+	s.abandoned.Store(s.awaitRecording(grace.Done()))
 	s.endClosing()
 	s.background.Wait()
 }

@@ -160,7 +160,7 @@ func (s *Store[R]) completeLater(done backend.Record, e *entry[R], stopLease fun
 
 // awaitRecording waits until no held outcome is still being written to
 // the Backend, or until grace ends; it returns how many it gave up on.
-func (s *Store[R]) awaitRecording(grace <-chan time.Time) int64 {
+func (s *Store[R]) awaitRecording(grace <-chan struct{}) int64 {
 	for {
 		n := s.recording.Load()
 		if n == 0 {

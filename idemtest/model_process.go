@@ -1,10 +1,12 @@
 package idemtest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"runtime"
+	"runtime/pprof"
 	"time"
 
 	"github.com/seed094d4201/idem"
@@ -213,6 +215,11 @@ func (w *world) closeStore(rt *rapid.T, ms *modelStore) {
 	select {
 	case <-done:
 	case <-time.After(4*modelSettle + 2*time.Second):
+		// What Close waits for is in the stacks: keep them for a failure
+		// that CI met and a rerun may not.
+		var stacks bytes.Buffer
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		rt.Logf("goroutines while store %d's Close hung:\n%s", ms.id, stacks.String())
 		w.fail(rt, "store %d's Close did not return", ms.id)
 	}
 }

@@ -60,7 +60,7 @@ type lease[R any] struct {
 	cancel     context.CancelCauseFunc
 
 	mu       sync.Mutex
-	stopped  bool        // guarded by mu; no renewal starts once set
+	stopped  bool        // guarded by mu; no renewal starts once set (stop, or the claim lost)
 	renewing bool        // guarded by mu: a renewal call is in flight
 	until    time.Time   // guarded by mu: when the lease stops being trusted
 	next     time.Time   // guarded by mu: when the next renewal is due
@@ -126,8 +126,14 @@ func (l *lease[R]) fire() {
 	case l.stopped:
 		return
 	case errors.Is(err, backend.ErrNotOwner):
+		// Another owner holds the key, or it was settled: nothing more to
+		// renew. Stopped, so that neither the timer armed for the end of
+		// the trust nor a fire already waiting for l.mu starts a renewal
+		// under the lost token.
 		l.cancel(ErrLeaseLost)
-		return // another owner holds the key: nothing more to renew
+		l.stopped = true
+		l.timer.Stop()
+		return
 	case err == nil:
 		l.until, l.next = sent.Add(leaseTrust(lease)), sent.Add(every)
 	default: // failed for now: try again soon; the trust still ends at until

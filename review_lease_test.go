@@ -1,0 +1,133 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A renewal refused with ErrNotOwner ends the lease's renewals: another
+// owner holds the key, or it was settled. The timer that a renewal arms
+// for the end of the trust must not start one more renewal under the lost
+// token when it fires (the work goes on past that instant: fn is free to
+// ignore its context).
+func TestReviewNoRenewalAfterNotOwner(t *testing.T) {
+	var renewals atomic.Int32
+	again := make(chan struct{}, 1)
+	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
+		if renewals.Add(1) > 1 {
+			select {
+			case again <- struct{}{}:
+			default:
+			}
+		}
+		return backend.ErrNotOwner
+	}}
+	const lease = 300 * time.Millisecond
+	s := durableStore(t, b, idem.Options{Lease: lease})
+	var cause error
+	_, _ = s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * lease):
+		}
+		cause = context.Cause(ctx)
+		// The trust that the refused renewal's timer was armed for ends
+		// 0.9 lease after the claim: wait for a renewal past it, or two
+		// leases without one.
+		select {
+		case <-again:
+		case <-time.After(2 * lease):
+		}
+		return order{}, errors.New("gave up")
+	})
+	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
+	assert.Equal(t, int32(1), renewals.Load(), "the lease was renewed again after the backend said another owner holds it")
+}
+
+// Once renewals have failed, a retry that then hangs (a client that
+// ignores its context) still cannot keep the work trusting its lease:
+// the work's context ends with ErrLeaseLost before the lease could lapse.
+func TestReviewTrustEndsWhenARetriedRenewalHangs(t *testing.T) {
+	unblock := make(chan struct{})
+	var calls atomic.Int32
+	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
+		if calls.Add(1) == 1 {
+			return errors.New("connection refused") // the first fails at once
+		}
+		<-unblock // its retry hangs, whatever its context says
+		return errors.New("timed out")
+	}}
+	const lease = 2 * time.Second
+	s := durableStore(t, b, idem.Options{Lease: lease})
+	var cause error
+	var took time.Duration
+	start := time.Now()
+	_, _ = s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * lease):
+		}
+		took, cause = time.Since(start), context.Cause(ctx)
+		close(unblock)
+		return order{}, errors.New("gave up")
+	})
+	assert.GreaterOrEqual(t, calls.Load(), int32(2), "the failed renewal was not retried")
+	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
+	assert.Less(t, took, lease, "the owner trusted its lease past the moment the backend could lapse it")
+}
+
+// brokenCodec cannot encode any result: the store holds such an outcome in
+// memory and renews its claim until the store closes (holdLease).
+type brokenCodec struct{ idem.JSONCodec }
+
+func (brokenCodec) Marshal(any) ([]byte, error) { return nil, errors.New("cannot encode") }
+
+// Close while held claims are being renewed fast: every renewal is over
+// when Close returns, none starts after it, and the WaitGroup that counts
+// them is never added to while Close waits on it (run with -race).
+func TestReviewCloseWhileHeldLeasesRenew(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		var closed atomic.Bool
+		renewed, late := make(chan struct{}, 1), make(chan struct{}, 1)
+		b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
+			ch := renewed
+			if closed.Load() {
+				ch = late
+			}
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+			return nil
+		}}
+		const lease = 3 * time.Millisecond // a renewal every millisecond
+		s := idem.New[order](idem.Options{Backend: b, Lease: lease, Codec: brokenCodec{}, Logger: slog.New(slog.DiscardHandler)})
+		for _, key := range []string{"a", "b", "c"} {
+			// Answered as if recorded; memory holds it, its lease renewed.
+			_, err := s.RunOnce(context.Background(), key, "p", func(context.Context) (order, error) { return order{1, 1}, nil })
+			require.NoError(t, err)
+		}
+		select { // renewals are running when Close begins
+		case <-renewed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the held claims were not renewed")
+		}
+		closeWithin(t, s, 5*time.Second)
+		closed.Store(true)
+		select {
+		case <-late:
+			t.Fatal("a held claim was renewed after Close returned")
+		case <-time.After(10 * lease):
+		}
+	}
+}

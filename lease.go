@@ -109,16 +109,30 @@ func (l *lease[R]) fire() {
 	// A renewal that lands after the outcome was recorded is refused by
 	// the backend (the record is no longer pending), which is harmless.
 	// Bounded by the trust left, or a retry's worth once it has run out.
+	// A Backend that ends this goroutine (runtime.Goexit) made a renewal
+	// that failed: the deferred call still takes its result, or the lease
+	// would stay renewing, and never renew again.
 	s := l.s
 	lease := s.opts.Lease
-	every, retry := lease/3, lease/12
+	every := lease / 3
 	sent := time.Now()
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(l.ctx), max(min(every, left), retry))
+	err := errRenewalExited
+	defer func() { l.renewed(sent, err) }()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(l.ctx), max(min(every, left), lease/12))
 	unhook := context.AfterFunc(s.closing, rcancel)
-	err := s.opts.Backend.Renew(rctx, l.key, l.token, s.opts.Now(), lease)
+	err = s.opts.Backend.Renew(rctx, l.key, l.token, s.opts.Now(), lease)
 	unhook()
 	rcancel()
+}
 
+// errRenewalExited is a renewal's result when the Backend's Renew ended
+// its goroutine (runtime.Goexit) before it returned.
+var errRenewalExited = errors.New("idem: the Backend's Renew ended its goroutine")
+
+// renewed takes the result of the renewal sent at sent, and schedules
+// what comes next.
+func (l *lease[R]) renewed(sent time.Time, err error) {
+	lease := l.s.opts.Lease
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.renewing = false
@@ -135,9 +149,9 @@ func (l *lease[R]) fire() {
 		l.timer.Stop()
 		return
 	case err == nil:
-		l.until, l.next = sent.Add(leaseTrust(lease)), sent.Add(every)
+		l.until, l.next = sent.Add(leaseTrust(lease)), sent.Add(lease/3)
 	default: // failed for now: try again soon; the trust still ends at until
-		l.next = time.Now().Add(retry)
+		l.next = time.Now().Add(lease / 12)
 	}
 	l.schedule(!time.Now().Before(l.until))
 }

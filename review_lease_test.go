@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,6 +53,40 @@ func TestReviewNoRenewalAfterNotOwner(t *testing.T) {
 	})
 	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
 	assert.Equal(t, int32(1), renewals.Load(), "the lease was renewed again after the backend said another owner holds it")
+}
+
+// A Backend whose Renew ends its goroutine (runtime.Goexit: a client hook,
+// a test's t.FailNow) made a renewal that failed: the next is tried as
+// after any failure, so the live owner keeps its claim. The renewal must
+// not be left marked in flight for ever, with no renewal ever again and
+// the work cancelled at the end of the trust.
+func TestReviewGoexitInRenewIsAFailedRenewal(t *testing.T) {
+	var exited atomic.Bool
+	var renewals atomic.Int32
+	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
+		if exited.CompareAndSwap(false, true) {
+			runtime.Goexit()
+		}
+		renewals.Add(1)
+		return nil
+	}}
+	// The renewal that exits goes out at 1/3 lease, its retry at 1/3+1/12,
+	// trust ends at 0.9: slack for a loaded machine's timers.
+	const lease = 1500 * time.Millisecond
+	s := durableStore(t, b, idem.Options{Lease: lease})
+	var cause error
+	_, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * lease):
+		}
+		cause = context.Cause(ctx)
+		return order{7, 7}, nil
+	})
+	require.NoError(t, err)
+	require.True(t, exited.Load(), "no renewal was made")
+	assert.NoError(t, cause, "a renewal that ended its goroutine cost the live owner its lease")
+	assert.NotZero(t, renewals.Load(), "no renewal was tried after the one that exited")
 }
 
 // Once renewals have failed, a retry that then hangs (a client that

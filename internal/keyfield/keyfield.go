@@ -35,7 +35,10 @@ func Parse(value string) (string, error) {
 }
 
 // unquote decodes an RFC 8941 sf-string: printable ASCII between double
-// quotes, where only \" and \\ are escapes.
+// quotes, where only \" and \\ are escapes. Bytes past ASCII are taken as
+// they are, as in a bare key: an idem key may hold them, and one that must
+// be quoted (a comma, a leading quote or blank) is sent so by Encode;
+// idem.CheckKey then checks them (UTF-8, no control characters).
 func unquote(s string) (string, error) {
 	if len(s) < 2 || s[len(s)-1] != '"' {
 		return "", errors.New("quoted key has no closing quote")
@@ -52,8 +55,8 @@ func unquote(s string) (string, error) {
 			b.WriteByte(s[i])
 		case c == '"':
 			return "", errors.New("quoted key has an unescaped quote inside")
-		case c < 0x20 || c > 0x7e:
-			return "", fmt.Errorf("quoted key has byte %#x, not printable ASCII", c)
+		case c < 0x20 || c == 0x7f:
+			return "", fmt.Errorf("quoted key has control character %#x", c)
 		default:
 			b.WriteByte(c)
 		}

@@ -302,6 +302,12 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (unrecorded *NotRecordedError, pin bool, releaseErr error) {
 	record := context.WithoutCancel(t.ctx)
 	claim := *t.claim
+	// The work is over: its context ends now, as a finished ticket's, and
+	// not later with ErrLeaseLost when a renewal lands on the recorded
+	// outcome (no longer pending, so refused as another owner's).
+	if t.cancel != nil {
+		t.cancel()
+	}
 	if !final {
 		// Renewals end first, so that none can land after the claim's
 		// lease was made to lapse.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,4 +166,44 @@ func TestReviewCloseWhileHeldLeasesRenew(t *testing.T) {
 		case <-time.After(10 * lease):
 		}
 	}
+}
+
+// renewRefusedAfterComplete records the outcome, then holds Complete's
+// reply until a renewal has been refused: the record is no longer
+// pending, so the claim's next renewal gets ErrNotOwner.
+type renewRefusedAfterComplete struct {
+	backend.Backend
+	refused chan struct{} // closed at the first refused renewal
+	once    sync.Once
+}
+
+func (b *renewRefusedAfterComplete) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
+	err := b.Backend.Renew(ctx, key, token, now, lease)
+	if err != nil {
+		b.once.Do(func() { close(b.refused) })
+	}
+	return err
+}
+
+func (b *renewRefusedAfterComplete) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
+	if err := b.Backend.Complete(ctx, rec, now, ttl); err != nil {
+		return err
+	}
+	<-b.refused
+	return nil
+}
+
+// A work context ends as a finished ticket's does, not with ErrLeaseLost,
+// when a renewal lands after the outcome was recorded: the lease was not
+// lost, the work was over. Found by the hostile review of the lease.
+func TestReviewWorkEndsBeforeTheOutcomeIsRecorded(t *testing.T) {
+	b := &renewRefusedAfterComplete{Backend: idemtest.NewMemoryBackend(), refused: make(chan struct{})}
+	s := durableStore(t, b, idem.Options{Lease: 30 * time.Millisecond})
+	tk, err := s.Begin(context.Background(), "k", "p")
+	require.NoError(t, err)
+	work := tk.Context()
+	_, err = tk.Finish(order{1, 1}, nil)
+	require.NoError(t, err)
+	<-work.Done()
+	assert.NotErrorIs(t, context.Cause(work), idem.ErrLeaseLost, "the work of a recorded outcome reads as a lost lease")
 }

@@ -39,7 +39,9 @@ type ClientOptions struct {
 // WithKey returns ctx carrying key as the idempotency key of the calls made
 // with it, in place of any key ctx carried, for a caller that made the key
 // itself (with the order, say). The interceptor keeps it instead of making
-// one.
+// one. gRPC metadata carries printable ASCII only: a key with other bytes
+// (valid for idem.CheckKey, "ü" say) makes the call fail on the client,
+// before anything is sent, with codes.Internal.
 func WithKey(ctx context.Context, key string) context.Context {
 	md, ok := metadata.FromOutgoingContext(ctx) // a copy, with what was appended
 	if !ok {

@@ -101,3 +101,15 @@ func TestClientRetriesAfterRetryInfo(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, 2, calls)
 }
+
+// WithKey's doc: a key that is valid for idem but not printable ASCII
+// cannot travel in gRPC metadata, and the call fails on the client,
+// loudly (codes.Internal), with nothing sent.
+func TestNonASCIIKeyFailsOnTheClient(t *testing.T) {
+	require.NoError(t, idem.CheckKey("ü-1"), "a key idem accepts")
+	p := &payments{}
+	conn := startBuf(t, p, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{})})
+	_, err := charge(context.Background(), conn, "ü-1", 450)
+	assert.Equal(t, codes.Internal, code(err))
+	assert.Zero(t, p.runs.Load(), "nothing ran")
+}

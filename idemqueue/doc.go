@@ -41,6 +41,17 @@
 // point (idem.Step), and the Consumer never sees it; Reconcile may also
 // settle it itself, with Store.Resolve or Store.Forget.
 //
+// A restarted consumer does not take its dead predecessor's claims over
+// before their leases lapse (idem.Options.Lease, 30 seconds by default,
+// renewed while a handler runs): it retries them later (BusyDelay), and
+// only bolt reads them as interrupted at once, at Open. A claim may be
+// taken early only on proof that its owner is dead, and the proof must be
+// a lock the owner held and lost with its life: bolt's lock on its file
+// is one. A process's name, host or pod is not: under a rolling deploy, a
+// paused VM or a partition, the "dead" predecessor with the same name
+// still runs, and would apply its effect beside the new one's. Where that
+// wait matters, a shorter Lease shortens it.
+//
 // Local effects exactly once: a handler whose writes go to the same
 // database as the key (sqlite.RunOnceTx, bolt.RunOnceTx,
 // postgres.RunOnceTx) commits them with its outcome, so a kill at any

@@ -106,7 +106,10 @@ func (c *Consumer[R]) HandleTx(ctx context.Context, msg jetstream.Msg, call func
 
 // MessageHandler returns a jetstream.MessageHandler, for Consume, that
 // handles each message with fn under ctx. report, if not nil, is told of
-// each message's decision and of an error settling it.
+// each message's decision and of an error settling it. Consume calls it
+// for one message at a time: for several in flight, hand the messages
+// to workers that call Handle (bench/consumer_test.go runs 16 so), with
+// the consumer's MaxAckPending at least their number.
 func (c *Consumer[R]) MessageHandler(ctx context.Context, fn func(context.Context, jetstream.Msg) (R, error), report func(jetstream.Msg, idemqueue.Decision, error)) jetstream.MessageHandler {
 	return func(msg jetstream.Msg) {
 		d, err := c.Handle(ctx, msg, fn)

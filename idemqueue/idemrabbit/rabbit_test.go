@@ -60,7 +60,7 @@ func newBroker(t testing.TB, delays ...time.Duration) *broker {
 func retryQueues(queue string, delays []time.Duration) []string {
 	var qs []string
 	for _, d := range delays {
-		qs = append(qs, retryQueue(queue, d.Milliseconds()))
+		qs = append(qs, retryQueue(queue, min(d, maxDelay).Milliseconds())) // the queue retry declares
 	}
 	return qs
 }

@@ -207,3 +207,25 @@ func TestReviewWorkEndsBeforeTheOutcomeIsRecorded(t *testing.T) {
 	<-work.Done()
 	assert.NotErrorIs(t, context.Cause(work), idem.ErrLeaseLost, "the work of a recorded outcome reads as a lost lease")
 }
+
+// A Backend whose Renew panics made a renewal that failed, on the timer's
+// goroutine where nothing could take the panic: the process ended. It is
+// retried as any failed renewal, and the work ends with ErrLeaseLost once
+// the trust runs out. Found in the final read of the lease change.
+func TestRenewThatPanicsIsAFailedRenewal(t *testing.T) {
+	var calls atomic.Int32
+	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
+		calls.Add(1)
+		panic("renew boom")
+	}}
+	s := durableStore(t, b, idem.Options{Lease: 30 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	var cause error
+	_, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (order, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return order{1, 1}, nil
+	})
+	require.NoError(t, err)
+	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
+	assert.GreaterOrEqual(t, calls.Load(), int32(2), "a panicking renewal is retried")
+}

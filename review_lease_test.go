@@ -132,7 +132,7 @@ func (brokenCodec) Marshal(any) ([]byte, error) { return nil, errors.New("cannot
 // when Close returns, none starts after it, and the WaitGroup that counts
 // them is never added to while Close waits on it (run with -race).
 func TestReviewCloseWhileHeldLeasesRenew(t *testing.T) {
-	for i := 0; i < 20; i++ {
+	for i := 0; i < 10; i++ {
 		var closed atomic.Bool
 		renewed, late := make(chan struct{}, 1), make(chan struct{}, 1)
 		b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
@@ -146,7 +146,10 @@ func TestReviewCloseWhileHeldLeasesRenew(t *testing.T) {
 			}
 			return nil
 		}}
-		const lease = 3 * time.Millisecond // a renewal every millisecond
+		// A renewal every 10 ms. Not shorter: a claim whose reply takes
+		// longer than the trust (0.9 of the lease; -race on a loaded CI
+		// machine took more than 3 ms) is refused before the work starts.
+		const lease = 30 * time.Millisecond
 		s := idem.New[order](idem.Options{Backend: b, Lease: lease, Codec: brokenCodec{}, Logger: slog.New(slog.DiscardHandler)})
 		for _, key := range []string{"a", "b", "c"} {
 			// Answered as if recorded; memory holds it, its lease renewed.

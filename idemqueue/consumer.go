@@ -147,9 +147,15 @@ func (c *Consumer[R]) Handle(ctx context.Context, key string, payload any, fn fu
 // or postgres) into a Decision, as the package doc's table says. It does
 // not know whether the call replayed an earlier outcome.
 func (c *Consumer[R]) Decide(ctx context.Context, key string, err error) Decision {
+	var panicked *idem.PanicError
 	switch {
 	case err == nil:
 		return Decision{Action: Ack}
+	case errors.As(err, &panicked):
+		// A panic failed before commit, whatever its value (even an
+		// error marked Final): the store released the key, as it does
+		// for any panic, so the message must run again.
+		return Decision{Action: Retry, Delay: c.opts.RetryDelay, Err: err}
 	case idem.IsFinal(err):
 		return Decision{Action: Reject, Err: err}
 	case errors.Is(err, idem.ErrPayloadMismatch), errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrInvalidPayload):

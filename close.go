@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"strings"
 )
 
 // Close stops the sweeper, refuses later calls with ErrClosed, and waits for
@@ -70,13 +71,26 @@ func (s *Store[R]) Shutdown(ctx context.Context) error {
 		ctx.Err(), inFlight, pinned, releasing, telling)
 }
 
-// gaveUp is Shutdown's error for outcomes that closing gave up writing to
-// the Backend, or nil.
+// gaveUp is Shutdown's error for what closing left undone in the Backend,
+// or nil: outcomes it gave up recording, outcomes it could never record
+// (the Codec could not encode them), and claims of failed or unstarted work
+// it gave up releasing. Each leaves its key to be read as interrupted once
+// its lease lapses.
 func (s *Store[R]) gaveUp() error {
+	var left []string
 	if n := s.abandoned.Load(); n > 0 {
-		return fmt.Errorf("idem: shutdown: %d outcomes were not recorded in the Backend within the settle timeout; their keys read as interrupted once their leases lapse", n)
+		left = append(left, fmt.Sprintf("%d outcomes were not recorded in the Backend within the settle timeout", n))
 	}
-	return nil
+	if n := s.unwritable.Load(); n > 0 {
+		left = append(left, fmt.Sprintf("%d outcomes held in memory could not be written at all (the Codec could not encode them, or the code writing them ended its goroutine)", n))
+	}
+	if n := s.unreleased; n > 0 {
+		left = append(left, fmt.Sprintf("%d claims of failed or unstarted work were not released within the settle timeout", n))
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	return fmt.Errorf("idem: shutdown: %s; their keys read as interrupted once their leases lapse", strings.Join(left, ", and "))
 }
 
 // startClose starts closing the store, once, on a goroutine of its own;
@@ -119,4 +133,5 @@ func (s *Store[R]) closeWait() {
 	s.abandoned.Store(s.awaitRecording(grace.Done()))
 	s.endClosing()
 	s.background.Wait()
+	s.unreleased = s.releases.left()
 }

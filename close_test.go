@@ -2,6 +2,8 @@ package idem_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"math"
 	"path/filepath"
 	"testing"
@@ -216,3 +218,50 @@ func TestShutdownIdleWithEndedContext(t *testing.T) {
 	cancel()
 	assert.NoError(t, s.Shutdown(ctx))
 }
+
+// A failure before commit whose Release never gets through leaves a claim
+// the store retries in the background. Close gives it one settle timeout,
+// then leaves it to its lease: the key then reads as interrupted though
+// its work failed, until an operator Forgets it. Shutdown must say so.
+func TestShutdownSaysItGaveUpARelease(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Release" {
+			return errLost
+		}
+		return nil
+	}}
+	s := idem.New[order](idem.Options{Backend: b, SettleTimeout: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	boom := errors.New("before commit")
+	_, err := s.RunOnce(context.Background(), "failed", "p", func(context.Context) (order, error) { return order{}, boom })
+	require.ErrorIs(t, err, boom)
+	err = s.Shutdown(context.Background())
+	require.Error(t, err, "the release was given up: the key is left claimed")
+	assert.Contains(t, err.Error(), "1 claims of failed or unstarted work were not released")
+	closeWithin(t, s, 5*time.Second)
+
+	// What the operator would find: the claim is still there.
+	_, found, gerr := mem.Get(context.Background(), "failed", time.Now())
+	require.NoError(t, gerr)
+	assert.True(t, found, "the claim was left to its lease")
+}
+
+// An outcome the Codec cannot encode is held in memory and its claim kept
+// until Close; nothing ever records it. Shutdown with time to spare must
+// say so, as it does when its ctx ends first.
+func TestShutdownSaysAnOutcomeCouldNotBeEncoded(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	s := idem.New[order](idem.Options{Backend: mem, Codec: refusingCodec{}, Logger: slog.New(slog.DiscardHandler)})
+	got, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (order, error) { return order{ID: 1}, nil })
+	require.NoError(t, err, "the outcome is answered all the same")
+	require.Equal(t, order{ID: 1}, got)
+	err = s.Shutdown(context.Background())
+	require.Error(t, err, "an outcome was never recorded")
+	assert.Contains(t, err.Error(), "1 outcomes held in memory could not be written")
+}
+
+// refusingCodec cannot encode anything.
+type refusingCodec struct{}
+
+func (refusingCodec) Marshal(any) ([]byte, error) { return nil, errors.New("cannot encode") }
+func (refusingCodec) Unmarshal([]byte, any) error { return nil }

@@ -52,6 +52,14 @@ func (r *releaser) add(s releaseRunner, key, token string, watch time.Time) {
 	}
 }
 
+// left returns how many claims are still to be released: once the
+// releaser has exited on closing, those closing gave up on.
+func (r *releaser) left() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.pending)
+}
+
 // done returns a channel closed once no release is pending (nil if none is).
 func (r *releaser) done() <-chan struct{} {
 	r.mu.Lock()

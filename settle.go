@@ -179,6 +179,7 @@ func (s *Store[R]) awaitRecording(grace <-chan struct{}) int64 {
 // encoded): while this process lives, no other store may take the key for
 // interrupted and run it again.
 func (s *Store[R]) holdLease(stopLease func()) {
+	s.unwritable.Add(1)
 	s.startBackground(func() {
 		<-s.closing.Done()
 		stopLease()

@@ -40,6 +40,13 @@ type Store[R any] struct {
 	recorded  chan struct{}
 	abandoned atomic.Int64
 	releases  releaser // claims of unknown fate, released in the background
+	// unwritable counts the outcomes held in memory that no write can
+	// record (the Codec could not encode them): their claims are held
+	// until Close, which then leaves them to their leases.
+	unwritable atomic.Int64
+	// unreleased is how many of those claims closing gave up on; set
+	// before closeDone is closed.
+	unreleased int
 }
 
 // testHookWait, if set, runs each time a caller starts waiting for an

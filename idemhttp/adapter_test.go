@@ -28,7 +28,7 @@ func accountScope(r *http.Request) (string, error) {
 }
 
 // appHandlers are the adaptertest app's handlers in plain net/http.
-func appHandlers(env *adaptertest.Env) (charge, slow, bad, down http.HandlerFunc) {
+func appHandlers(env *adaptertest.Env) (charge, slow, bad, down, attach http.HandlerFunc) {
 	charge = func(w http.ResponseWriter, r *http.Request) {
 		io.ReadAll(r.Body)
 		n := env.Charge()
@@ -48,6 +48,16 @@ func appHandlers(env *adaptertest.Env) (charge, slow, bad, down http.HandlerFunc
 		env.Fail()
 		http.Error(w, "bank down", http.StatusBadGateway)
 	}
+	attach = func(w http.ResponseWriter, r *http.Request) {
+		env.Slow()
+		env.Charge()
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		adaptertest.Attach(conn, rw)
+	}
 	return
 }
 
@@ -55,12 +65,13 @@ func TestStandardMux(t *testing.T) {
 	adaptertest.Run(t, func(store *idem.Store[idemhttp.Response], opts idemhttp.Options, env *adaptertest.Env) http.Handler {
 		opts.Scope = accountScope
 		guard := idemhttp.Middleware(store, opts)
-		charge, slow, bad, down := appHandlers(env)
+		charge, slow, bad, down, attach := appHandlers(env)
 		mux := http.NewServeMux()
 		mux.Handle("POST /charges", guard(charge))
 		mux.Handle("POST /slow", guard(slow))
 		mux.Handle("POST /bad", guard(bad))
 		mux.Handle("POST /down", guard(down))
+		mux.Handle("POST /attach", guard(attach))
 		return withAccount(mux)
 	})
 }
@@ -68,7 +79,7 @@ func TestStandardMux(t *testing.T) {
 func TestChi(t *testing.T) {
 	adaptertest.Run(t, func(store *idem.Store[idemhttp.Response], opts idemhttp.Options, env *adaptertest.Env) http.Handler {
 		opts.Scope = accountScope
-		charge, slow, bad, down := appHandlers(env)
+		charge, slow, bad, down, attach := appHandlers(env)
 		r := chi.NewRouter()
 		r.Use(withAccount)
 		r.Group(func(r chi.Router) {
@@ -77,6 +88,7 @@ func TestChi(t *testing.T) {
 			r.Post("/slow", slow)
 			r.Post("/bad", bad)
 			r.Post("/down", down)
+			r.Post("/attach", attach)
 		})
 		return r
 	})

@@ -183,7 +183,8 @@ type Guard struct {
 // 409, 425 and 429; one that was streamed (Flush), larger than
 // opts.MaxStoredBody, or shorter or longer than the Content-Length it was
 // sent with is remembered without its body, and its replay says so
-// (BodyOmittedHeader). Headers the handler found set (by middleware outside
+// (BodyOmittedHeader). So is a handler that took the connection over
+// (Hijack) and answered on it: it finished, and never runs again. Headers the handler found set (by middleware outside
 // the guard) and left as they were are not remembered: a replay carries
 // the retry's own. Any other status, or a panic, is delivered as it is but
 // releases the key, so the next retry runs the handler again.
@@ -381,11 +382,11 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		return resp, nil
 	})
 	kept = err == nil
-	g.afterRun(w, req, before, rec.resp.Status != 0, err, lk)
+	g.afterRun(w, req, before, rec.resp.Status != 0 || rec.hijacked, err, lk)
 }
 
 // afterRun finishes a request whose handler ran here and has written its
-// response, or started to (written).
+// response, or started to, or took the connection over (written).
 func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Header, written bool, err error, lk logKey) {
 	var pe *idem.PanicError
 	switch {

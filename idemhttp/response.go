@@ -26,15 +26,18 @@ type Response struct {
 
 	// Omitted says why the body was not kept, for a response whose status
 	// is remembered but whose body could not be: "streamed" (the handler
-	// flushed), "too-large" (past Options.MaxStoredBody) or "truncated"
-	// (not the Content-Length it was sent with).
+	// flushed), "too-large" (past Options.MaxStoredBody), "truncated"
+	// (not the Content-Length it was sent with) or "hijacked" (the handler
+	// took the connection over and answered on it).
 	// Empty when Body is the whole body.
 	Omitted string `json:"omitted,omitempty"`
 }
 
 // BodyOmittedHeader marks a replay whose original body was not kept: the
 // handler ran and answered with the replayed status, and the header's value
-// says why the body is missing ("streamed", "too-large" or "truncated"). A client must
+// says why the body is missing ("streamed", "too-large", "truncated" or
+// "hijacked"; a handler that took the connection over before sending a
+// status answered on it unseen, and is replayed as 200 OK). A client must
 // not run the request again to get the body; it can fetch the resource (the
 // replay keeps Location) instead.
 const BodyOmittedHeader = "Idempotent-Body-Omitted"
@@ -118,7 +121,8 @@ type recorder struct {
 
 	resp      Response
 	oversized bool  // the body passed maxBody: remembered without it
-	streamed  bool  // the handler flushed or hijacked: remembered without the body
+	streamed  bool  // the handler flushed: remembered without the body
+	hijacked  bool  // the handler took the connection over: it answers there, unseen
 	released  bool  // ReleaseKey: the handler failed without a response
 	clientErr error // the first failed write to the client, which is gone
 
@@ -139,7 +143,7 @@ func ReleaseKey(w http.ResponseWriter) bool {
 	for {
 		switch x := w.(type) {
 		case *recorder:
-			if x.resp.Status != 0 || x.streamed {
+			if x.resp.Status != 0 || x.streamed || x.hijacked {
 				return false
 			}
 			x.released = true
@@ -297,12 +301,12 @@ func (r *recorder) FlushError() error {
 	return err
 }
 
-// Hijack hands the connection to the handler: the response is not
-// remembered.
+// Hijack hands the connection to the handler, which answers on it: the
+// response is remembered without what it writes there (see response).
 func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, rw, err := http.NewResponseController(r.w).Hijack()
 	if err == nil {
-		r.streamed = true
+		r.hijacked = true
 	}
 	return conn, rw, err
 }
@@ -312,15 +316,23 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 
 // complete reports whether the recorder holds the whole response: it was
-// neither streamed nor larger than maxBody.
-func (r *recorder) complete() bool { return !r.oversized && !r.streamed && !r.released }
+// neither streamed, hijacked nor larger than maxBody.
+func (r *recorder) complete() bool { return !r.oversized && !r.streamed && !r.hijacked && !r.released }
 
 // response returns what the handler sent, and whether it is remembered:
 // its status is 2xx, 3xx, or 4xx but 408, 409, 425 and 429. A remembered
 // response whose body the recorder does not hold whole is remembered
 // without it (Omitted says why): the handler finished, so its key must
 // never run again.
+//
+// A handler that took the connection over before sending a status (as
+// container APIs' attach endpoints do) answered on it, in a protocol the
+// recorder does not read: it finished all the same, so it is remembered
+// as done, a 200 OK with no headers and no body, Omitted "hijacked".
 func (r *recorder) response() (Response, bool) {
+	if r.hijacked && r.resp.Status == 0 {
+		return Response{Status: http.StatusOK, Omitted: "hijacked"}, true
+	}
 	if r.released && r.resp.Status == 0 && !r.streamed {
 		return r.resp, false
 	}
@@ -341,6 +353,9 @@ func (r *recorder) response() (Response, bool) {
 		}
 		if r.streamed {
 			resp.Omitted = "streamed"
+		}
+		if r.hijacked {
+			resp.Omitted = "hijacked"
 		}
 		for _, h := range bodyHeaders {
 			delete(resp.Header, h)

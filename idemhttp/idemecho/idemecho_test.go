@@ -44,6 +44,15 @@ func TestEcho(t *testing.T) {
 			env.Fail()
 			return echo.NewHTTPError(http.StatusBadGateway, "bank down")
 		})
+		g.POST("/attach", func(c echo.Context) error {
+			env.Slow()
+			env.Charge()
+			conn, rw, err := c.Response().Hijack()
+			if err != nil {
+				return err
+			}
+			return adaptertest.Attach(conn, rw)
+		})
 		return e
 	})
 }

@@ -39,6 +39,16 @@ func TestGin(t *testing.T) {
 			env.Fail()
 			c.String(http.StatusBadGateway, "bank down")
 		})
+		guarded.POST("/attach", func(c *gin.Context) {
+			env.Slow()
+			env.Charge()
+			conn, rw, err := c.Writer.Hijack()
+			if err != nil {
+				c.String(http.StatusInternalServerError, err.Error())
+				return
+			}
+			adaptertest.Attach(conn, rw)
+		})
 		return r
 	})
 }

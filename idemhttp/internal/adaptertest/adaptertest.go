@@ -5,8 +5,10 @@
 package adaptertest
 
 import (
+	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -32,6 +34,10 @@ import (
 //   - POST /bad: call Fail, then fail with 400 the framework's way (gin:
 //     AbortWithStatusJSON; echo: return echo.NewHTTPError).
 //   - POST /down: call Fail, then fail with 502 the framework's way.
+//   - POST /attach: call Slow, then Charge, then take the connection over
+//     the framework's way (as container APIs' attach endpoints do: net/http
+//     http.NewResponseController(w).Hijack; gin c.Writer.Hijack; echo
+//     c.Response().Hijack) and answer on it with Attach.
 type Env struct {
 	charges atomic.Int32
 	fails   atomic.Int32
@@ -132,6 +138,30 @@ func Run(t *testing.T, app App) {
 		assert.Equal(t, body, replayed)
 		assert.Equal(t, int32(1), env.charges.Load())
 	})
+	t.Run("HijackedHandlerIsNotRunAgain", func(t *testing.T) {
+		// The handler answered on the raw connection: it finished, so its
+		// retries replay that it did, whether they wait on it or come after.
+		srv, env := start(t, idemhttp.Options{})
+		first := make(chan string, 1)
+		go func() {
+			_, body := post(t, srv, "/attach", "k", "alice", `{}`)
+			first <- body
+		}()
+		<-env.started
+		duplicate := make(chan *http.Response, 1)
+		go func() {
+			resp, _ := post(t, srv, "/attach", "k", "alice", `{}`)
+			duplicate <- resp
+		}()
+		close(env.release)
+		assert.Equal(t, attached, <-first, "the first answer is the one written on the connection")
+		for _, retry := range []*http.Response{<-duplicate, must(post(t, srv, "/attach", "k", "alice", `{}`))} {
+			assert.Equal(t, http.StatusOK, retry.StatusCode)
+			assert.Equal(t, "true", retry.Header.Get(idemhttp.ReplayedHeader))
+			assert.Equal(t, "hijacked", retry.Header.Get(idemhttp.BodyOmittedHeader))
+		}
+		assert.Equal(t, int32(1), env.charges.Load(), "the hijacked handler ran once")
+	})
 	t.Run("ScopesAreIsolated", func(t *testing.T) {
 		srv, env := start(t, idemhttp.Options{})
 		_, alice := post(t, srv, "/charges", "same-key", "alice", `{}`)
@@ -144,6 +174,23 @@ func Run(t *testing.T, app App) {
 		assert.Equal(t, alice, alice2)
 		assert.Equal(t, bob, bob2)
 	})
+}
+
+// must returns the response of a post.
+func must(resp *http.Response, _ string) *http.Response { return resp }
+
+// attached is the body /attach answers on the connection it takes over.
+const attached = "attached\n"
+
+// Attach answers a request whose handler took its connection over: a
+// complete HTTP/1.1 response written on the connection, which it closes.
+func Attach(conn net.Conn, rw *bufio.ReadWriter) error {
+	defer conn.Close()
+	_, err := fmt.Fprintf(rw, "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.docker.raw-stream\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(attached), attached)
+	if err == nil {
+		err = rw.Flush()
+	}
+	return err
 }
 
 // post sends a POST to path with body, key (if not empty) and account.

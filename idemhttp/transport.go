@@ -19,7 +19,10 @@ import (
 // retries 400, 422 or any other answer. Between attempts it waits a capped,
 // jittered exponential backoff, never less than a Retry-After header asks,
 // and gives up, returning the last answer, when the wait would pass MaxWait
-// or outlast the request's context.
+// or outlast the request's context. While it waits it reads what is left
+// of the answer it retries, a few KiB for 100ms at most, so that the
+// connection can carry the retry; a longer or slower body is closed
+// unread, and never holds the retry back.
 //
 // A redirect that http.Client follows with the same method (307, 308) is
 // sent with the key of the request it redirects, so the operation keeps one
@@ -112,9 +115,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if deadline, ok := req.Context().Deadline(); ok && time.Until(deadline) < wait {
 			return resp, err // the context would end first: give the caller this answer
 		}
+		var drained <-chan struct{}
 		if resp != nil {
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection can be reused
-			resp.Body.Close()
+			drained = discard(resp.Body, min(drainTime, t.maxWait()))
 		}
 		timer := time.NewTimer(wait)
 		select {
@@ -123,7 +126,49 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			timer.Stop()
 			return nil, req.Context().Err()
 		}
+		if drained != nil {
+			select { // bounded by drainTime, which is no more than MaxWait
+			case <-drained:
+			case <-req.Context().Done():
+				return nil, req.Context().Err()
+			}
+		}
 	}
+}
+
+// The body of an answer the Transport retries is read, while it waits,
+// so that its connection can carry the retry, up to drainBytes and for
+// drainTime at most; past either, it is closed unread, and the connection
+// is not reused. A body that stalls thus never holds a retry back.
+const (
+	drainBytes = 4 << 10
+	drainTime  = 100 * time.Millisecond
+)
+
+// discard reads what is left of body, up to drainBytes, and closes it,
+// or closes it unread once bound has passed, and returns a channel closed
+// when it is done, at bound at the latest: the caller never waits on the
+// body longer, whatever its Close does.
+func discard(body io.ReadCloser, bound time.Duration) <-chan struct{} {
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		_, _ = io.Copy(io.Discard, io.LimitReader(body, drainBytes))
+	}()
+	done := make(chan struct{})
+	go func() {
+		timer := time.NewTimer(bound)
+		defer timer.Stop()
+		select {
+		case <-read:
+			body.Close()
+			close(done)
+		case <-timer.C:
+			close(done)
+			body.Close() // ends the blocked Read (net/http's bodies allow it), and the connection with it
+		}
+	}()
+	return done
 }
 
 func (t *Transport) guards(method string) bool {

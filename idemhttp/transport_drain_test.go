@@ -1,0 +1,94 @@
+package idemhttp_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed094d4201/idem/idemhttp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// stalledBusy answers its first attempt 503 with Retry-After: 0 and a body
+// that stalls after its first bytes (until the test ends or the client
+// goes), and every later one 201.
+func stalledBusy(t *testing.T) (*httptest.Server, *atomic.Int32) {
+	var attempts atomic.Int32
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if attempts.Add(1) > 1 {
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "done")
+			return
+		}
+		w.Header().Set("Retry-After", "0")
+		w.Header().Set("Content-Length", "1000")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "busy, ")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) }) // before srv.Close, which waits for the handler
+	return srv, &attempts
+}
+
+// roundTrip posts through a Transport with short backoffs, and fails the
+// test if no answer comes within a bound far past any wait it should make.
+func roundTrip(t *testing.T, ctx context.Context, url string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader("{}"))
+	require.NoError(t, err)
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := (&idemhttp.Transport{MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}).RoundTrip(req)
+		done <- result{resp, err}
+	}()
+	select {
+	case r := <-done:
+		if r.resp != nil {
+			t.Cleanup(func() { r.resp.Body.Close() })
+		}
+		return r.resp, r.err
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Transport is still waiting before its retry")
+		return nil, nil
+	}
+}
+
+// A retryable answer whose body stalls is closed, not drained, once a
+// short bound passes: the retry goes out at once, for a caller with no
+// deadline (who would wait for ever) and for one with a deadline (who
+// would get its ctx error though the retry answers at once).
+func TestTransportBoundsTheDrainBeforeARetry(t *testing.T) {
+	t.Run("NoDeadline", func(t *testing.T) {
+		srv, attempts := stalledBusy(t)
+		resp, err := roundTrip(t, context.Background(), srv.URL)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, int32(2), attempts.Load())
+	})
+	t.Run("WithDeadline", func(t *testing.T) {
+		srv, attempts := stalledBusy(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := roundTrip(t, ctx, srv.URL)
+		require.NoError(t, err, "the retry answers at once")
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, int32(2), attempts.Load())
+	})
+}

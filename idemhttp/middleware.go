@@ -423,9 +423,9 @@ func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 	var pe *idem.PanicError
 	switch {
 	case err == nil:
-		resp.write(w)
+		g.replay(w, req, resp, lk)
 	case errors.As(err, &ns) && ns.complete:
-		ns.resp.write(w) // the shared execution's outcome, not kept for later
+		g.replay(w, req, ns.resp, lk) // the shared execution's outcome, not kept for later
 	case errors.As(err, &ns):
 		g.fail(w, req, http.StatusConflict, "The request with this Idempotency-Key ended with a response that was not kept (streamed, or written after it); retry with the same key.", g.opts.RetryAfter, err)
 	case errors.As(err, &pe):

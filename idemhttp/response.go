@@ -44,6 +44,14 @@ const BodyOmittedHeader = "Idempotent-Body-Omitted"
 
 // write sends r to w, marked as a replay.
 func (r *Response) write(w http.ResponseWriter) {
+	r.writeHeader(w)
+	_, _ = w.Write(r.Body)
+	r.writeTrailers(w)
+}
+
+// writeHeader sends r's status and headers to w, marked as a replay, and
+// declares its trailers.
+func (r *Response) writeHeader(w http.ResponseWriter) {
 	h := w.Header()
 	for k, v := range r.Header {
 		h[k] = append([]string(nil), v...)
@@ -56,8 +64,13 @@ func (r *Response) write(w http.ResponseWriter) {
 		h.Add("Trailer", name)
 	}
 	w.WriteHeader(r.Status)
-	_, _ = w.Write(r.Body)
-	for name, v := range r.Trailer { // declared above: net/http sends them after the body
+}
+
+// writeTrailers sets r's trailers, declared by writeHeader, once the body
+// is written: net/http sends them after it.
+func (r *Response) writeTrailers(w http.ResponseWriter) {
+	h := w.Header()
+	for name, v := range r.Trailer {
 		h[name] = append([]string(nil), v...)
 	}
 }

@@ -1,0 +1,250 @@
+package idemhttp
+
+import (
+	"bytes"
+	"compress/gzip"
+	"compress/zlib"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// A stored response is replayed in the content coding it was stored in
+// (the handler's, such as a gzip middleware's inside the guard) when the
+// retry accepts it, as RFC 9110 (12.5.3) reads Accept-Encoding. When it
+// does not, as for a retry that asks for identity, the coding is undone on
+// replay: gzip and deflate, the codings Go can decode. Any other, or a
+// retry that accepts neither the stored coding nor identity, is answered
+// 406, and a stored body that does not decode, 500: never bytes the
+// client cannot read.
+
+// errNotAcceptable is the cause of a 406 for a replay in a coding the
+// retry does not accept and that cannot be undone.
+var errNotAcceptable = errors.New("idemhttp: the stored response's content coding is not acceptable to the retry")
+
+// acceptEncoding is a request's Accept-Encoding field: the weight it gives
+// each content coding it names, "*" (any other) included.
+type acceptEncoding struct {
+	present bool               // the request has the field; an empty one asks for identity alone
+	q       map[string]float64 // by lower-case coding; x-gzip is gzip
+}
+
+// parseAcceptEncoding reads the Accept-Encoding fields in h. An element
+// that does not parse (a bad weight) is ignored, as if not sent: its
+// coding is then accepted only through "*", so a stored coding is undone
+// rather than sent to a client that may not read it. A coding named twice
+// keeps its lowest weight, for the same reason.
+func parseAcceptEncoding(h http.Header) acceptEncoding {
+	values := h.Values("Accept-Encoding")
+	a := acceptEncoding{present: len(values) > 0}
+	for _, v := range values {
+		for elem := range strings.SplitSeq(v, ",") {
+			coding, params, _ := strings.Cut(elem, ";")
+			coding = canonicalCoding(coding)
+			if coding == "" {
+				continue
+			}
+			q, ok := 1.0, true
+			for p := range strings.SplitSeq(params, ";") {
+				name, value, _ := strings.Cut(p, "=")
+				if strings.EqualFold(strings.TrimSpace(name), "q") {
+					q, ok = parseQ(strings.TrimSpace(value))
+				}
+			}
+			if !ok {
+				continue
+			}
+			if a.q == nil {
+				a.q = make(map[string]float64)
+			}
+			if old, seen := a.q[coding]; !seen || q < old {
+				a.q[coding] = q
+			}
+		}
+	}
+	return a
+}
+
+// parseQ reads a weight: "0" to "1" with at most three decimals.
+func parseQ(s string) (float64, bool) {
+	if s == "" || len(s) > 5 || (s[0] != '0' && s[0] != '1') {
+		return 0, false
+	}
+	q, err := strconv.ParseFloat(s, 64)
+	return q, err == nil && q >= 0 && q <= 1
+}
+
+// canonicalCoding is a content coding's name in lower case, with the
+// x-gzip and x-compress aliases RFC 9110 (8.4.1) names read as gzip and
+// compress.
+func canonicalCoding(s string) string {
+	s = strings.ToLower(strings.TrimSpace(s))
+	switch s {
+	case "x-gzip":
+		return "gzip"
+	case "x-compress":
+		return "compress"
+	}
+	return s
+}
+
+// accepts reports whether a request with a accepts coding: without the
+// field, any; else the coding's own weight, or else the weight of "*",
+// must be above zero; identity, named by neither, is accepted.
+func (a acceptEncoding) accepts(coding string) bool {
+	if !a.present {
+		return true
+	}
+	if q, ok := a.q[coding]; ok {
+		return q > 0
+	}
+	if q, ok := a.q["*"]; ok {
+		return q > 0
+	}
+	return coding == "identity"
+}
+
+// storedCodings returns the content codings of resp's body, in the order
+// they were applied, and the names of its Content-Encoding fields (a
+// handler may have set one in any case).
+func storedCodings(resp *Response) (codings, fields []string) {
+	for name, values := range resp.Header {
+		if http.CanonicalHeaderKey(name) != "Content-Encoding" {
+			continue
+		}
+		fields = append(fields, name)
+		for _, v := range values {
+			for c := range strings.SplitSeq(v, ",") {
+				if c = canonicalCoding(c); c != "" && c != "identity" {
+					codings = append(codings, c)
+				}
+			}
+		}
+	}
+	return codings, fields
+}
+
+// undoCodings returns the codings to take off resp's body for a request
+// with header h: none if it accepts them all, all of them otherwise. It
+// returns errNotAcceptable, with the codings, if they cannot be undone (a
+// coding other than gzip and deflate, with a body) or the request does not
+// accept identity either.
+func undoCodings(h http.Header, resp *Response) ([]string, error) {
+	codings, _ := storedCodings(resp)
+	a := parseAcceptEncoding(h)
+	undo := false
+	for _, c := range codings {
+		undo = undo || !a.accepts(c)
+	}
+	if !undo {
+		return nil, nil
+	}
+	if !a.accepts("identity") {
+		return codings, fmt.Errorf("%w: it accepts neither %s nor identity", errNotAcceptable, strings.Join(codings, ", "))
+	}
+	for _, c := range codings {
+		if c != "gzip" && c != "deflate" && len(resp.Body) > 0 {
+			return codings, fmt.Errorf("%w: it does not accept %s, which cannot be undone here", errNotAcceptable, c)
+		}
+	}
+	return codings, nil
+}
+
+// decode writes body with codings undone, the last applied first, to dst,
+// and returns the decoded length. A body that does not decode whole, its
+// checksum included, is an error; an empty body decodes to nothing.
+func decode(dst io.Writer, body []byte, codings []string) (int64, error) {
+	if len(body) == 0 {
+		return 0, nil
+	}
+	var r io.Reader = bytes.NewReader(body)
+	for i := len(codings) - 1; i >= 0; i-- {
+		var err error
+		switch codings[i] {
+		case "gzip":
+			r, err = gzip.NewReader(r)
+		case "deflate": // HTTP's deflate is the zlib format (RFC 9110, 8.4.1.2)
+			r, err = zlib.NewReader(r)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("idemhttp: decoding the stored %s body: %w", codings[i], err)
+		}
+	}
+	n, err := io.Copy(dst, r)
+	if err != nil {
+		return n, fmt.Errorf("idemhttp: decoding the stored %s body: %w", strings.Join(codings, ", "), err)
+	}
+	return n, nil
+}
+
+// codingHeaders describe the encoded bytes: a replay with its coding
+// undone does not carry them.
+var codingHeaders = []string{"Content-Digest", "Repr-Digest", "Digest"}
+
+// decoded returns resp as it is replayed with its content coding undone:
+// without Content-Encoding and the digests of the encoded bytes, and with
+// a strong ETag made weak, since the bytes are not the ones it tags.
+func decoded(resp Response) Response {
+	_, fields := storedCodings(&resp)
+	h := make(http.Header, len(resp.Header))
+	for name, v := range resp.Header {
+		h[name] = v
+	}
+	for _, name := range fields {
+		delete(h, name)
+	}
+	for name, v := range h {
+		canon := http.CanonicalHeaderKey(name)
+		for _, drop := range codingHeaders {
+			if canon == drop {
+				delete(h, name)
+			}
+		}
+		if canon == "Etag" && len(v) == 1 && !strings.HasPrefix(v[0], "W/") {
+			h[name] = []string{"W/" + v[0]}
+		}
+	}
+	resp.Header = h
+	if resp.Trailer != nil {
+		t := resp.Trailer.Clone()
+		for _, name := range codingHeaders {
+			t.Del(name)
+		}
+		resp.Trailer = t
+	}
+	return resp
+}
+
+// replay answers r with resp, marked as a replay, in a content coding r
+// accepts (see above).
+func (g *Guard) replay(w http.ResponseWriter, r *http.Request, resp Response, lk logKey) {
+	codings, err := undoCodings(r.Header, &resp)
+	if err != nil {
+		g.fail(w, r, http.StatusNotAcceptable, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept; retry with the same key, accepting it.", 0, err)
+		return
+	}
+	if codings == nil {
+		resp.write(w)
+		return
+	}
+	// Decoded twice: once to check the whole body decodes and learn its
+	// length, before anything is sent, and once to send it, so that a
+	// body that does not decode is a clear error, never a garbled answer,
+	// and a large one is never held decoded in memory.
+	n, err := decode(io.Discard, resp.Body, codings)
+	if err != nil {
+		g.opts.Logger.Error("idemhttp: a stored response does not decode for a retry that does not accept its content coding", lk.with("err", err)...)
+		g.fail(w, r, http.StatusInternalServerError, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept, and could not be decoded; retry with the same key, accepting it.", 0, err)
+		return
+	}
+	resp = decoded(resp)
+	if resp.Trailer == nil { // with trailers, net/http sends the body chunked
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	}
+	resp.writeHeader(w)
+	_, _ = decode(w, resp.Body, codings)
+	resp.writeTrailers(w)
+}

@@ -170,7 +170,9 @@ type Guard struct {
 
 // Middleware returns middleware that runs each guarded request's handler at
 // most once per Idempotency-Key (within the request's scope) and replays the
-// stored response, with Idempotent-Replayed: true, to every retry.
+// stored response, with Idempotent-Replayed: true, to every retry. A
+// response stored gzip or deflate (a compression middleware inside the
+// guard) is decoded for a retry whose Accept-Encoding does not accept it.
 //
 // A request with the key of a request still in flight waits up to
 // opts.Wait for its outcome, then is answered 409 Conflict with Retry-After.

@@ -241,7 +241,7 @@ func (g *Guard) replay(w http.ResponseWriter, r *http.Request, resp Response, lk
 		return
 	}
 	resp = decoded(resp)
-	if resp.Trailer == nil { // with trailers, net/http sends the body chunked
+	if resp.Trailer == nil && n > 0 { // with trailers, net/http sends the body chunked; with none, it knows
 		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 	}
 	resp.writeHeader(w)

@@ -116,7 +116,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err // the context would end first: give the caller this answer
 		}
 		var drained <-chan struct{}
-		if resp != nil {
+		if resp != nil && resp.Body != nil { // a Base that breaks the contract may leave it nil
 			drained = discard(resp.Body, min(drainTime, t.maxWait()))
 		}
 		timer := time.NewTimer(wait)

@@ -92,3 +92,26 @@ func TestTransportBoundsTheDrainBeforeARetry(t *testing.T) {
 		assert.Equal(t, int32(2), attempts.Load())
 	})
 }
+
+// bodiless answers 503 with no Body at all, against RoundTripper's
+// contract, then 201.
+type bodiless struct{ attempts atomic.Int32 }
+
+func (b *bodiless) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.attempts.Add(1) == 1 {
+		return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{}, Request: r}, nil
+	}
+	return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+}
+
+// An answer to retry without a Body (a Base that breaks the contract) is
+// retried, not a panic.
+func TestTransportRetriesAnAnswerWithoutABody(t *testing.T) {
+	base := &bodiless{}
+	req, err := http.NewRequest(http.MethodPost, "http://example.invalid/", nil)
+	require.NoError(t, err)
+	resp, err := (&idemhttp.Transport{Base: base, MinBackoff: time.Millisecond}).RoundTrip(req)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, int32(2), base.attempts.Load())
+}

@@ -3,6 +3,7 @@ package idemhttp_test
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -65,3 +66,7 @@ func post(t *testing.T, client *http.Client, url, key, body string) (*http.Respo
 // yield yields while a test spins on a condition other goroutines
 // make true.
 func yield() { runtime.Gosched() }
+
+// quiet is a logger that drops what it is given, for tests whose
+// handlers fail on purpose.
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

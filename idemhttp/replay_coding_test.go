@@ -112,7 +112,7 @@ func TestReplayThatCannotBeDecodedIsAnError(t *testing.T) {
 				w.Header().Set("Content-Encoding", coding)
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, "not "+coding+" at all")
-			}), idemhttp.Options{Unscoped: true, Logger: rvQuiet()})
+			}), idemhttp.Options{Unscoped: true, Logger: quiet()})
 			postAccepting(t, srv, "k", ptr(coding))
 			retry, got := postAccepting(t, srv, "k", ptr("identity"))
 			want := http.StatusInternalServerError

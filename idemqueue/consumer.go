@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemqueue/internal/contain"
+	"github.com/seed094d4201/idem/internal/txrun"
 )
 
 // An Action is what the broker must do with a delivered message.
@@ -20,6 +22,13 @@ const (
 	Reject
 	// Retry: deliver the message again, after Decision.Delay.
 	Retry
+	// Hold: the message cannot be handled as it is: it has no id, or
+	// one that is not a valid key, so nothing tells its deliveries
+	// apart. Its work did not happen, so it must never be acked: the
+	// adapters dead-letter it where the broker can, or else deliver it
+	// again after Decision.Delay, for an operator (or a key function a
+	// new deploy adds) to take it.
+	Hold
 )
 
 func (a Action) String() string {
@@ -30,6 +39,8 @@ func (a Action) String() string {
 		return "reject"
 	case Retry:
 		return "retry"
+	case Hold:
+		return "hold"
 	}
 	return fmt.Sprintf("Action(%d)", uint8(a))
 }
@@ -37,13 +48,14 @@ func (a Action) String() string {
 // A Decision is what a Consumer answers for one delivery.
 type Decision struct {
 	Action Action
-	// Delay is how long a Retry waits for its redelivery; zero otherwise.
+	// Delay is how long a Retry, or a Hold the broker cannot dead-letter,
+	// waits for its redelivery; zero otherwise.
 	Delay time.Duration
 	// Replayed reports an Ack or Reject of an outcome an earlier delivery
 	// recorded: the handler did not run.
 	Replayed bool
-	// Err is why, for a Reject or a Retry: the handler's error or the
-	// store's.
+	// Err is why, for a Reject, a Retry or a Hold: the handler's error
+	// or the store's.
 	Err error
 }
 
@@ -69,7 +81,9 @@ type Options struct {
 
 	// InterruptedDelay is how long it waits when an earlier delivery's
 	// process stopped in its handler (ErrOutcomeUnknown) and Reconcile is
-	// nil: the key is kept for an operator. Zero means one minute.
+	// nil: the key is kept for an operator. It is also the Delay of a
+	// Hold: a message without a valid id, kept for an operator where the
+	// broker cannot dead-letter it. Zero means one minute.
 	InterruptedDelay time.Duration
 
 	// Reconcile decides for an interrupted id, whose effect may or may not
@@ -115,9 +129,15 @@ func (c *Consumer[R]) Store() *idem.Store[R] { return c.store }
 // message's body, or what identifies it: a redelivery with another payload
 // is rejected), and decides. fn runs under the claim's context, which ends
 // when the claim's lease is lost (context.Cause is idem.ErrLeaseLost).
+//
+// What the store refuses before fn runs (another payload under key, an
+// invalid key, a payload it cannot fingerprint) is told apart from fn's
+// own error by when it came, not by what it wraps: an error fn returns is
+// a failure of fn, retried unless it is marked idem.Final, even if it
+// wraps idem.ErrPayloadMismatch from a call fn made downstream.
 func (c *Consumer[R]) Handle(ctx context.Context, key string, payload any, fn func(context.Context) (R, error)) Decision {
 	if ctx == nil {
-		return c.Decide(context.Background(), key, errors.New("idemqueue: Handle with a nil context"))
+		return c.decide(context.Background(), key, errors.New("idemqueue: Handle with a nil context"), fromCall)
 	}
 	wait := ctx // bounds the claim only: the handler's context is the claim's
 	if c.opts.BusyWait > 0 {
@@ -127,30 +147,97 @@ func (c *Consumer[R]) Handle(ctx context.Context, key string, payload any, fn fu
 	}
 	t, err := c.store.Begin(wait, key, payload)
 	if err != nil {
-		return c.Decide(ctx, key, err)
+		// The store's answer, before any handler ran for this delivery;
+		// or the failure of another delivery's handler it waited for,
+		// which that handler marked (handlerError).
+		return c.decide(ctx, key, err, fromStore)
 	}
 	if t.Replayed() {
 		_, err := t.Result()
-		d := c.Decide(ctx, key, err)
+		d := c.decide(ctx, key, err, fromHandler) // an outcome recorded before
 		d.Replayed = d.Action != Retry
 		return d
 	}
 	// On a goroutine of its own: a handler that calls runtime.Goexit
 	// (t.FailNow) must not end the broker's delivery goroutine too,
 	// leaving the message unsettled.
-	_, err = contain.Call(func() (R, error) { return t.Do(fn) })
-	return c.Decide(ctx, key, err)
+	_, err = contain.Call(func() (R, error) { return t.Do(marked(fn)) })
+	return c.decide(ctx, key, err, fromHandler)
+}
+
+// HandleTx is Handle for a handler that makes its own call through the
+// Consumer's store under key: a RunOnceTx of sqlite, bolt or postgres,
+// whose writes commit with the key and its outcome (or a RunOnce). call
+// returns that call's error, which decides.
+//
+// That error may be the store's refusal or the handler's own, and both
+// may wrap the same sentinel, so a refusal is judged by the store's
+// state, not by the error: an idem.ErrInvalidKey by idem.CheckKey of key,
+// an idem.ErrInvalidPayload by fingerprinting payload with the store's
+// Fingerprint, an idem.ErrPayloadMismatch by the key's record in the
+// store's Backend holding another payload's fingerprint. An error that
+// matches one but is not borne out is the handler's failure, retried
+// (a store without a Backend cannot show its record: its mismatches are
+// retried too, until the first payload's outcome expires).
+func (c *Consumer[R]) HandleTx(ctx context.Context, key string, payload any, call func(ctx context.Context, key string, payload any) error) Decision {
+	if ctx == nil || call == nil {
+		return c.decide(context.Background(), key, errors.New("idemqueue: HandleTx with a nil context or call"), fromCall)
+	}
+	if err := idem.CheckKey(key); err != nil { // the store's first refusal, made here: nothing to call
+		return c.decide(ctx, key, err, fromStore)
+	}
+	// A panic or a Goexit in call is a failure: retried, as under Handle.
+	_, err := contain.Call(func() (struct{}, error) { return struct{}{}, call(ctx, key, payload) })
+	from := fromCall
+	if c.refusedByStore(ctx, key, payload, err) {
+		from = fromStore
+	}
+	return c.decide(ctx, key, err, from)
 }
 
 // Decide turns the error of a call that ran a message's handler through
 // the Consumer's store under key (RunOnce, or a RunOnceTx of sqlite, bolt
 // or postgres) into a Decision, as the package doc's table says. It does
-// not know whether the call replayed an earlier outcome.
+// not know whether the call replayed an earlier outcome, nor whether the
+// store or the handler made err, and it is not given the payload: it
+// holds a message as unkeyed (Hold) only if key is not a valid key, and
+// takes no error for the store's refusal of the payload (another payload
+// under key, one it cannot fingerprint), which it retries. HandleTx,
+// given the payload, tells them apart.
 func (c *Consumer[R]) Decide(ctx context.Context, key string, err error) Decision {
+	return c.decide(ctx, key, err, fromCall)
+}
+
+// An origin is where an error came from, which decides what it means.
+type origin uint8
+
+const (
+	// fromStore: the store answered before any handler ran for this
+	// delivery (Begin), or a refusal HandleTx verified.
+	fromStore origin = iota + 1
+	// fromHandler: the handler's outcome (Ticket.Do), or one recorded
+	// before (a replay).
+	fromHandler
+	// fromCall: a call that did both (RunOnce, RunOnceTx), unverified.
+	fromCall
+)
+
+// decide is the package doc's table: the one place an error becomes a
+// Decision. An error that matches idem.ErrPayloadMismatch or
+// idem.ErrInvalidPayload is the store's refusal of the message (Reject)
+// only when it came from the store; from a handler, whatever it wraps, it
+// is a failure of that handler, which the store did not record: retried.
+func (c *Consumer[R]) decide(ctx context.Context, key string, err error, from origin) Decision {
 	var panicked *idem.PanicError
+	var failed *handlerError
 	switch {
 	case err == nil:
 		return Decision{Action: Ack}
+	case errors.Is(err, idem.ErrInvalidKey) && idem.CheckKey(key) != nil:
+		// No valid id: the key itself shows the store refused it, and
+		// every delivery would meet the same refusal. Not an ack: the
+		// message's work did not happen.
+		return Decision{Action: Hold, Delay: c.opts.InterruptedDelay, Err: err}
 	case errors.As(err, &panicked):
 		// A panic failed before commit, whatever its value (even an
 		// error marked Final): the store released the key, as it does
@@ -158,7 +245,14 @@ func (c *Consumer[R]) Decide(ctx context.Context, key string, err error) Decisio
 		return Decision{Action: Retry, Delay: c.opts.RetryDelay, Err: err}
 	case idem.IsFinal(err):
 		return Decision{Action: Reject, Err: err}
-	case errors.Is(err, idem.ErrPayloadMismatch), errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrInvalidPayload):
+	case errors.As(err, &failed):
+		// A handler's failure: this delivery's, or that of another
+		// delivery of the id, which this one waited for in Begin.
+		return Decision{Action: Retry, Delay: c.opts.RetryDelay, Err: failed.err}
+	case from == fromHandler:
+		// Not final: the store released the key, whatever err wraps.
+		return Decision{Action: Retry, Delay: c.opts.RetryDelay, Err: err}
+	case from == fromStore && (errors.Is(err, idem.ErrPayloadMismatch) || errors.Is(err, idem.ErrInvalidPayload)):
 		return Decision{Action: Reject, Err: err}
 	case errors.Is(err, idem.ErrOutcomeUnknown):
 		return c.reconcile(ctx, key, err)
@@ -166,6 +260,58 @@ func (c *Consumer[R]) Decide(ctx context.Context, key string, err error) Decisio
 		return Decision{Action: Retry, Delay: c.opts.BusyDelay, Err: err}
 	}
 	return Decision{Action: Retry, Delay: c.opts.RetryDelay, Err: err}
+}
+
+// A handlerError is a handler's failure, not final, on its way through
+// the store: the store hands it to the deliveries of the same id that
+// waited for that handler, and decide must not take it for the store's
+// refusal of theirs. It reads and unwraps as the handler's error.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+// marked returns fn with its errors that are not final marked as the
+// handler's. A final error is recorded as it is, unmarked.
+func marked[R any](fn func(context.Context) (R, error)) func(context.Context) (R, error) {
+	if fn == nil {
+		return nil // Ticket.Do's own error
+	}
+	return func(ctx context.Context) (R, error) {
+		val, err := fn(ctx)
+		if err != nil && !idem.IsFinal(err) {
+			err = &handlerError{err}
+		}
+		return val, err
+	}
+}
+
+// refusedByStore reports whether err, from a call that ran the handler
+// through the store itself, is the store's refusal of payload, as the
+// store's state bears out (HandleTx says how).
+func (c *Consumer[R]) refusedByStore(ctx context.Context, key string, payload any, err error) bool {
+	if err == nil || !errors.Is(err, idem.ErrInvalidPayload) && !errors.Is(err, idem.ErrPayloadMismatch) {
+		return false // an invalid key is checked before the call
+	}
+	opts := txrun.Of(c.store).Options()
+	// The store's own Fingerprint and Backend: the user's code, contained.
+	fp, ferr := contain.Call(func() (idem.Fingerprint, error) { return opts.Fingerprint(payload) })
+	var panicked *idem.PanicError
+	switch {
+	case errors.Is(err, idem.ErrInvalidPayload):
+		return ferr != nil && !errors.As(ferr, &panicked) && !errors.Is(ferr, contain.ErrExited)
+	case ferr != nil || opts.Backend == nil:
+		return false
+	}
+	type found struct {
+		rec backend.Record
+		ok  bool
+	}
+	f, gerr := contain.Call(func() (found, error) {
+		rec, ok, err := opts.Backend.Get(ctx, key, opts.Now())
+		return found{rec, ok}, err
+	})
+	return gerr == nil && f.ok && f.rec.Fingerprint != fp
 }
 
 // reconcile asks Options.Reconcile about an interrupted key.

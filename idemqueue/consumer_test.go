@@ -57,7 +57,7 @@ func TestFinalFailureIsRejectedAndReplayedRejected(t *testing.T) {
 	assert.Equal(t, int32(1), runs.Load())
 }
 
-func TestOtherPayloadAndInvalidIDAreRejected(t *testing.T) {
+func TestOtherPayloadIsRejected(t *testing.T) {
 	c := consumer(t, idemtest.NewMemoryBackend(), Options{})
 	ctx := context.Background()
 	ok := func(context.Context) (int, error) { return 1, nil }
@@ -65,9 +65,6 @@ func TestOtherPayloadAndInvalidIDAreRejected(t *testing.T) {
 	d := c.Handle(ctx, "m1", "another body", ok)
 	assert.Equal(t, Reject, d.Action)
 	assert.ErrorIs(t, d.Err, idem.ErrPayloadMismatch)
-	d = c.Handle(ctx, "", "body", ok)
-	assert.Equal(t, Reject, d.Action, "a message without an id")
-	assert.ErrorIs(t, d.Err, idem.ErrInvalidKey)
 }
 
 func TestFailureIsRetriedLaterAndRunsAgain(t *testing.T) {

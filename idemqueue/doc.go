@@ -4,18 +4,23 @@
 // broker must then do with it. Subpackages adapt it to brokers; this one
 // imports none.
 //
-// A Consumer decides, for every delivery, one of three things:
+// A Consumer decides, for every delivery, one of four things:
 //
 //	what happened                                       Action   Replayed
 //	the handler returned nil                            Ack
 //	the id was done before: its result replayed         Ack      true
 //	the handler returned idem.Final(err)                Reject
 //	the id failed finally before: that error replayed   Reject   true
-//	the id came with another payload (ErrPayloadMismatch),
-//	  is not a valid key (ErrInvalidKey), or its payload
-//	  cannot be fingerprinted (ErrInvalidPayload)       Reject
-//	the handler failed (an error, a panic): the key
-//	  is released for the next delivery                 Retry    (RetryDelay)
+//	the store refused the message before any handler
+//	  ran: the id came with another payload
+//	  (ErrPayloadMismatch), or its payload cannot be
+//	  fingerprinted (ErrInvalidPayload)                 Reject
+//	the message has no id, or one that is not a valid
+//	  key (ErrInvalidKey): nothing tells its
+//	  deliveries apart                                  Hold     (InterruptedDelay)
+//	the handler failed (an error, a panic), whatever
+//	  its error wraps: the key is released for the
+//	  next delivery                                     Retry    (RetryDelay)
 //	another delivery of the id runs now, here or in
 //	  another process, and BusyWait passed or ctx
 //	  ended first (ErrInProgress)                       Retry    (BusyDelay)
@@ -25,14 +30,37 @@
 //	  (ErrOutcomeUnknown): its effect may have happened Options.Reconcile decides;
 //	                                                    by default Retry (InterruptedDelay)
 //
+// The store's refusals are told from the handler's errors by where they
+// came from, not by what they wrap: a handler whose error wraps
+// ErrPayloadMismatch (say, from an idempotent call it made downstream)
+// failed, and nothing was recorded, so its message is retried. Handle
+// knows which phase an error came from (the claim, or the handler);
+// HandleTx, whose call does both, judges a refusal by the store's state
+// (the key, the payload's fingerprint, the key's record), and Decide,
+// given neither phase nor payload, takes none for a refusal: it retries.
+//
 // A handler that ran but whose outcome the store could not record is
 // answered as done (Ack): the effect happened, and the store holds the
 // outcome, keeps the claim and goes on recording it (idem.NotRecordedError).
 //
 // Ack removes the message for good. Reject ends it as a failure: the
-// adapters ack it or, if told, dead-letter it. Retry asks for a redelivery
-// after Delay, never at once: a redelivery that only meets the same busy
-// key again would loop hot.
+// adapters ack it or, if told, dead-letter it. Hold leaves a message whose
+// work did not happen, and never can as it is, for an operator; it is
+// never acked. What each adapter does with it:
+//
+//	idemnats    Term with the reason (JetStream's MSG_TERMINATED advisory
+//	            carries it, for a dead-letter stream; a server before
+//	            2.10.4 ignores the term and redelivers after AckWait);
+//	            with AckRejected, NakWithDelay(InterruptedDelay)
+//	idemrabbit  with DeadLetter, Nack without requeue (the queue's
+//	            dead-letter exchange takes it); else a retry after
+//	            InterruptedDelay, again and again
+//
+// A key function the adapter is given (their Options.Key) may derive the
+// key from the body when the header is missing, and so handle such
+// messages instead. Retry asks for a redelivery after Delay, never at
+// once: a redelivery that only meets the same busy key again would loop
+// hot.
 //
 // An interrupted id (ErrOutcomeUnknown) is what a killed consumer leaves:
 // the default keeps it for an operator (idem inspect, idem resolve) and
@@ -55,6 +83,5 @@
 // Local effects exactly once: a handler whose writes go to the same
 // database as the key (sqlite.RunOnceTx, bolt.RunOnceTx,
 // postgres.RunOnceTx) commits them with its outcome, so a kill at any
-// moment leaves neither; Consumer.Decide turns such a call's error into a
-// Decision.
+// moment leaves neither; Consumer.HandleTx runs such a call and decides.
 package idemqueue

@@ -15,8 +15,12 @@ import (
 // Options configure a Consumer. The zero value is ready to use.
 type Options struct {
 	// Key returns a message's idempotency key. Nil means its Nats-Msg-Id
-	// header; a message without one is rejected, since nothing tells its
-	// redeliveries apart from new messages.
+	// header. A message without a valid key (no header, or Key's error)
+	// is held (idemqueue.Hold), since nothing tells its redeliveries
+	// apart from new messages: terminated with the reason, or with
+	// AckRejected redelivered after idemqueue.Options.InterruptedDelay,
+	// never acked. A Key that falls back on a field of the body when
+	// the header is missing handles such messages instead.
 	Key func(jetstream.Msg) (string, error)
 
 	// Payload returns what a message's redeliveries must agree on (its
@@ -25,10 +29,12 @@ type Options struct {
 	Payload func(jetstream.Msg) any
 
 	// AckRejected acks a message the decision rejects (a final failure,
-	// another payload under its key) instead of terminating it. False
-	// means Term, which JetStream reports as an advisory
-	// ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED), for a dead-letter
-	// stream to collect.
+	// another payload under its key) instead of terminating it, and
+	// naks a held one (no valid id) with idemqueue's InterruptedDelay
+	// instead of terminating it: a held message's work did not happen,
+	// and is never acked. False means Term, which JetStream reports as
+	// an advisory ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED), for a
+	// dead-letter stream to collect.
 	AckRejected bool
 
 	// ProgressInterval is how often a message being handled is marked
@@ -55,7 +61,7 @@ func New[R any](q *idemqueue.Consumer[R], opts Options) (*Consumer[R], error) {
 	return &Consumer[R]{q: q, opts: opts}, nil
 }
 
-// errNoID is why a message without a key is rejected.
+// errNoID is why a message without a key is held.
 var errNoID = fmt.Errorf("%w: the message has no %s header", idem.ErrInvalidKey, jetstream.MsgIDHeader)
 
 // Handle runs fn for msg through the store, once for its key, and settles
@@ -86,21 +92,20 @@ func (c *Consumer[R]) Handle(ctx context.Context, msg jetstream.Msg, fn func(con
 // HandleTx is Handle for a handler that makes its own call through the
 // Consumer's store under key: a RunOnceTx of sqlite, bolt or postgres,
 // whose writes commit with the key and its outcome. call returns that
-// call's error, which decides.
+// call's error, which decides as idemqueue.Consumer.HandleTx says.
 func (c *Consumer[R]) HandleTx(ctx context.Context, msg jetstream.Msg, call func(ctx context.Context, key string, payload any) error) (idemqueue.Decision, error) {
 	if msg == nil || call == nil || ctx == nil {
 		return idemqueue.Decision{}, errors.New("idemnats: HandleTx with a nil context, message or call")
 	}
 	key, payload, err := c.identify(msg)
-	if err == nil {
-		p := c.progress(msg)
-		defer p.stop()
-		// A panic or a Goexit in call is a failure: retried, as under
-		// Handle.
-		_, err = contain.Call(func() (struct{}, error) { return struct{}{}, call(ctx, key, payload) })
-		p.stop()
+	if err != nil {
+		d := c.q.Decide(ctx, key, err)
+		return d, c.settle(msg, d)
 	}
-	d := c.q.Decide(ctx, key, err)
+	p := c.progress(msg)
+	defer p.stop()
+	d := c.q.HandleTx(ctx, key, payload, call)
+	p.stop()
 	return d, c.settle(msg, d)
 }
 
@@ -120,7 +125,7 @@ func (c *Consumer[R]) MessageHandler(ctx context.Context, fn func(context.Contex
 }
 
 // identify returns msg's key, from Options.Key or its Nats-Msg-Id header,
-// and its payload. A key function's error rejects the message; a panic in
+// and its payload. A key function's error holds the message; a panic in
 // Options.Key or Options.Payload (a bug, which a fixed deploy may not
 // have) retries it.
 func (c *Consumer[R]) identify(msg jetstream.Msg) (key string, payload any, err error) {
@@ -167,6 +172,18 @@ func (c *Consumer[R]) settle(msg jetstream.Msg, d idemqueue.Decision) error {
 			// reason is in d.Err, for the caller.
 			err = msg.Term()
 		}
+	case idemqueue.Hold:
+		// Never acked, even with AckRejected: its work did not
+		// happen. A term with a reason puts the reason in the
+		// advisory, for the operator; a server before 2.10.4 ignores
+		// it and redelivers the message after AckWait, which keeps
+		// it all the same. With AckRejected, no one collects the
+		// advisories: the message stays, redelivered after d.Delay.
+		if c.opts.AckRejected {
+			err = msg.NakWithDelay(d.Delay)
+		} else {
+			err = msg.TermWithReason(holdReason(d))
+		}
 	default:
 		err = msg.NakWithDelay(d.Delay)
 	}
@@ -174,4 +191,13 @@ func (c *Consumer[R]) settle(msg jetstream.Msg, d idemqueue.Decision) error {
 		return fmt.Errorf("idemnats: settling the message (%v): %w", d.Action, err)
 	}
 	return nil
+}
+
+// holdReason is the reason a held message is terminated with, as the
+// MSG_TERMINATED advisory shows it.
+func holdReason(d idemqueue.Decision) string {
+	if d.Err == nil {
+		return "idem: the message has no valid id"
+	}
+	return d.Err.Error()
 }

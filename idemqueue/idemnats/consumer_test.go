@@ -101,7 +101,7 @@ func TestFinalFailureIsTerminatedOrAcked(t *testing.T) {
 	}
 }
 
-func TestOtherPayloadAndNoKeyAreTerminated(t *testing.T) {
+func TestOtherPayloadAndUnfingerprintablePayloadAreTerminated(t *testing.T) {
 	var runs atomic.Int32
 	c := natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{}, Options{})
 	_, err := c.Handle(context.Background(), newMsg("m1", "body"), effect(&runs))
@@ -113,22 +113,6 @@ func TestOtherPayloadAndNoKeyAreTerminated(t *testing.T) {
 	settles, _ := other.got()
 	assert.Equal(t, []string{"term"}, settles)
 
-	noID := newMsg("", "body")
-	d, err = c.Handle(context.Background(), noID, effect(&runs))
-	require.NoError(t, err)
-	assert.Equal(t, idemqueue.Reject, d.Action)
-	assert.ErrorIs(t, d.Err, idem.ErrInvalidKey)
-	assert.Contains(t, d.Err.Error(), "Nats-Msg-Id")
-	settles, _ = noID.got()
-	assert.Equal(t, []string{"term"}, settles)
-
-	c = natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{},
-		Options{Key: func(jetstream.Msg) (string, error) { return "", errors.New("no order id") }})
-	d, err = c.Handle(context.Background(), newMsg("m1", "body"), effect(&runs))
-	require.NoError(t, err)
-	assert.Equal(t, idemqueue.Reject, d.Action, "the key function's error")
-	assert.ErrorIs(t, d.Err, idem.ErrInvalidKey)
-
 	// A payload that can never be fingerprinted: retrying cannot help.
 	c = natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{},
 		Options{Payload: func(jetstream.Msg) any { return map[string]any{"amount": math.NaN()} }})
@@ -137,6 +121,89 @@ func TestOtherPayloadAndNoKeyAreTerminated(t *testing.T) {
 	assert.Equal(t, idemqueue.Reject, d.Action, "an unfingerprintable payload")
 	assert.ErrorIs(t, d.Err, idem.ErrInvalidPayload)
 	assert.Equal(t, int32(1), runs.Load())
+}
+
+// A message without an id (one publisher's bug) is never acked, even with
+// AckRejected: terminated with the reason, which the MSG_TERMINATED
+// advisory carries, or with AckRejected naked for a later redelivery.
+func TestMessageWithoutAnIDIsTerminatedWithAReasonOrNaked(t *testing.T) {
+	var runs atomic.Int32
+	noKey := func(jetstream.Msg) (string, error) { return "", errors.New("no order id") }
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"no id", Options{}, "term-reason"},
+		{"no id, AckRejected", Options{AckRejected: true}, "nak"},
+		{"the key function's error", Options{Key: noKey}, "term-reason"},
+		{"the key function's error, AckRejected", Options{Key: noKey, AckRejected: true}, "nak"},
+	} {
+		c := natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{InterruptedDelay: 9 * time.Second}, tc.opts)
+		for _, tx := range []bool{false, true} {
+			m := newMsg("", "body")
+			var d idemqueue.Decision
+			var err error
+			if tx {
+				d, err = c.HandleTx(context.Background(), m, func(context.Context, string, any) error { runs.Add(1); return nil })
+			} else {
+				d, err = c.Handle(context.Background(), m, effect(&runs))
+			}
+			require.NoError(t, err)
+			assert.Equal(t, idemqueue.Hold, d.Action, tc.name)
+			assert.ErrorIs(t, d.Err, idem.ErrInvalidKey, tc.name)
+			settles, delay := m.got()
+			assert.Equal(t, []string{tc.want}, settles, tc.name)
+			if tc.want == "nak" {
+				assert.Equal(t, 9*time.Second, delay, tc.name)
+			} else {
+				m.mu.Lock()
+				assert.Equal(t, d.Err.Error(), m.reason, tc.name)
+				m.mu.Unlock()
+			}
+		}
+	}
+	assert.Zero(t, runs.Load())
+
+	// A key function that falls back on a field of the body handles it.
+	c := natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{}, Options{Key: func(m jetstream.Msg) (string, error) {
+		if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" {
+			return id, nil
+		}
+		return "order-" + string(m.Data()), nil
+	}})
+	for range 2 {
+		m := newMsg("", "42")
+		d, err := c.Handle(context.Background(), m, effect(&runs))
+		require.NoError(t, err)
+		assert.Equal(t, idemqueue.Ack, d.Action)
+	}
+	assert.Equal(t, int32(1), runs.Load())
+}
+
+// A handler whose own error wraps a store's refusal (from an idempotent
+// call it made downstream) failed, and nothing was recorded: naked for a
+// redelivery, not terminated.
+func TestHandlerErrorThatWrapsARefusalIsNaked(t *testing.T) {
+	c := natsConsumer(t, memStore(t, idemtest.NewMemoryBackend()), idemqueue.Options{RetryDelay: 3 * time.Second}, Options{})
+	for _, refusal := range []error{idem.ErrPayloadMismatch, idem.ErrInvalidKey, idem.ErrInvalidPayload} {
+		for _, tx := range []bool{false, true} {
+			m := newMsg("m1", "body")
+			downstream := fmt.Errorf("calling the ledger: %w", refusal)
+			var d idemqueue.Decision
+			var err error
+			if tx {
+				d, err = c.HandleTx(context.Background(), m, func(context.Context, string, any) error { return downstream })
+			} else {
+				d, err = c.Handle(context.Background(), m, func(context.Context, jetstream.Msg) (int, error) { return 0, downstream })
+			}
+			require.NoError(t, err)
+			assert.Equal(t, idemqueue.Retry, d.Action, "%v (tx %v)", refusal, tx)
+			settles, delay := m.got()
+			assert.Equal(t, []string{"nak"}, settles, "%v (tx %v)", refusal, tx)
+			assert.Equal(t, 3*time.Second, delay)
+		}
+	}
 }
 
 func TestKeyFunctionNamesTheKey(t *testing.T) {

@@ -7,6 +7,20 @@
 //	idemqueue.Ack     Ack
 //	idemqueue.Reject  Term (or Ack, with Options.AckRejected)
 //	idemqueue.Retry   NakWithDelay(Decision.Delay)
+//	idemqueue.Hold    TermWithReason(Decision.Err) (or, with
+//	                  Options.AckRejected, NakWithDelay(Decision.Delay)):
+//	                  never Ack
+//
+// A message without a Nats-Msg-Id header (or whose Options.Key fails) is
+// held: its work did not happen, and never can without an id. By default
+// it is terminated with the reason, which the server's MSG_TERMINATED
+// advisory ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>)
+// carries from NATS 2.10.4 on, for an operator's dead-letter stream to
+// collect; an older server ignores a term with a reason and redelivers
+// the message after AckWait, so it is kept there too. With AckRejected it
+// is naked with idemqueue.Options.InterruptedDelay, again and again, until
+// an operator removes it or a deploy adds an Options.Key that derives a
+// key from its body.
 //
 // While a delivery is handled (waiting for another delivery of its id,
 // then running the handler), the message is marked InProgress every

@@ -17,7 +17,8 @@ type fakeMsg struct {
 	data []byte
 
 	mu         sync.Mutex // guards the fields below
-	settles    []string   // "ack", "term", "nak" in order
+	settles    []string   // "ack", "term", "term-reason", "nak" in order
+	reason     string     // a TermWithReason's
 	delay      time.Duration
 	inProgress int
 	afterDone  int           // InProgress marks after the first settle
@@ -44,6 +45,12 @@ func (m *fakeMsg) settle(how string) error {
 }
 func (m *fakeMsg) Ack() error  { return m.settle("ack") }
 func (m *fakeMsg) Term() error { return m.settle("term") }
+func (m *fakeMsg) TermWithReason(reason string) error {
+	m.mu.Lock()
+	m.reason = reason
+	m.mu.Unlock()
+	return m.settle("term-reason")
+}
 func (m *fakeMsg) NakWithDelay(d time.Duration) error {
 	m.mu.Lock()
 	m.delay = d

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"strings"
@@ -29,6 +30,7 @@ import (
 // stream is a test's own stream and durable consumer on the server
 // IDEM_NATS_URL names, deleted afterwards.
 type stream struct {
+	nc      *nats.Conn
 	js      jetstream.JetStream
 	name    string
 	subject string
@@ -48,7 +50,7 @@ func newStream(t testing.TB, ackWait time.Duration) *stream {
 	require.NoError(t, err)
 	var r [4]byte
 	_, _ = rand.Read(r[:])
-	s := &stream{js: js, name: "IDEMTEST_" + strings.ToUpper(hex.EncodeToString(r[:]))}
+	s := &stream{nc: nc, js: js, name: "IDEMTEST_" + strings.ToUpper(hex.EncodeToString(r[:]))}
 	s.subject = "idemtest." + hex.EncodeToString(r[:])
 	ctx := context.Background()
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: s.name, Subjects: []string{s.subject}, Duplicates: 100 * time.Millisecond})
@@ -219,7 +221,6 @@ func TestDecisionTableOverJetStream(t *testing.T) {
 	s.publish(t, "final", "body", 1)
 	s.publish(t, "transient", "body", 1)
 	s.publish(t, "panics", "body", 1)
-	s.publish(t, "", "no id", 1)
 	s.publish(t, "interrupted", "body", 1)
 	s.publish(t, "busy", "body", 1)
 	s.publish(t, "ok", "another body", 1) // the id again, with another payload
@@ -233,7 +234,6 @@ func TestDecisionTableOverJetStream(t *testing.T) {
 	require.NoError(t, err)
 	d.waitFor(t, "ok", 2)
 	d.waitFor(t, "final", 1)
-	d.waitFor(t, "", 1)
 	s.settled(t)
 	cc.Stop()
 
@@ -243,7 +243,6 @@ func TestDecisionTableOverJetStream(t *testing.T) {
 	assert.Equal(t, []idemqueue.Action{R}, d.of("final"))
 	assert.Equal(t, []idemqueue.Action{T, A}, d.of("transient"))
 	assert.Equal(t, []idemqueue.Action{T, A}, d.of("panics"))
-	assert.Equal(t, []idemqueue.Action{R}, d.of(""), "no id: terminated")
 	assert.Equal(t, []idemqueue.Action{T, A}, d.of("interrupted"), "kept once, then reconciled")
 	busyActions := d.of("busy")
 	assert.Equal(t, A, busyActions[len(busyActions)-1])
@@ -282,4 +281,77 @@ func TestInProgressHoldsALongHandlerOverJetStream(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, info.NumRedelivered, "redelivered while its handler ran")
 	assert.Equal(t, []idemqueue.Action{idemqueue.Ack}, d.of("long"))
+}
+
+// A message without an id (one publisher's bug) is never acked: by
+// default it is terminated with the reason, which the server's
+// MSG_TERMINATED advisory carries for an operator's dead-letter stream (a
+// server before 2.10.4 ignores a term with a reason and redelivers the
+// message after AckWait, which keeps it as well); with AckRejected it is
+// naked, and redelivered after InterruptedDelay.
+func TestMessageWithoutAnIDIsKeptOverJetStream(t *testing.T) {
+	for _, ackRejected := range []bool{false, true} {
+		s := newStream(t, time.Second)
+		advisories := make(chan *nats.Msg, 16)
+		sub, err := s.nc.ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED."+s.name+".worker", advisories)
+		require.NoError(t, err)
+		defer sub.Unsubscribe()
+		require.NoError(t, s.nc.Flush())
+
+		store := idem.New[int](idem.Options{Backend: idemtest.NewMemoryBackend()})
+		defer store.Close()
+		q, err := idemqueue.New(store, idemqueue.Options{InterruptedDelay: 50 * time.Millisecond})
+		require.NoError(t, err)
+		c, err := New(q, Options{AckRejected: ackRejected})
+		require.NoError(t, err)
+		var d deliveries
+		d.ch = make(chan string, 100)
+		cc, err := s.cons.Consume(c.MessageHandler(context.Background(), func(context.Context, jetstream.Msg) (int, error) {
+			t.Error("a message without an id ran")
+			return 0, nil
+		}, d.record))
+		require.NoError(t, err)
+		defer cc.Stop()
+		s.publish(t, "", "no id", 1)
+		d.waitFor(t, "", 1)
+		assert.Equal(t, idemqueue.Hold, d.of("")[0], "ackRejected %v", ackRejected)
+
+		// Kept: terminated with its reason, or delivered again.
+		stop := make(chan struct{})
+		defer close(stop)
+		select {
+		case a := <-advisories:
+			require.False(t, ackRejected, "terminated with AckRejected")
+			var adv struct {
+				StreamSeq uint64 `json:"stream_seq"`
+				Reason    string `json:"reason"`
+			}
+			require.NoError(t, json.Unmarshal(a.Data, &adv))
+			assert.Equal(t, uint64(1), adv.StreamSeq)
+			assert.Contains(t, adv.Reason, "Nats-Msg-Id", "the advisory says why")
+		case <-redelivered(&d, 2, stop):
+			t.Logf("ackRejected %v: redelivered (%v)", ackRejected, d.of(""))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ackRejected %v: the message was neither terminated with a reason nor delivered again: %v", ackRejected, d.of(""))
+		}
+		cc.Stop()
+		assert.Empty(t, d.errs, "settling errors")
+	}
+}
+
+// redelivered is closed once the message without an id has been decided
+// n times, or never if stop is closed first.
+func redelivered(d *deliveries, n int, stop <-chan struct{}) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		for len(d.of("")) < n {
+			select {
+			case <-d.ch:
+			case <-stop:
+				return
+			}
+		}
+		close(done)
+	}()
+	return done
 }

@@ -19,9 +19,13 @@ import (
 // order; handlers that succeed, fail, fail for good, panic, or die (the
 // process killed before or after the remote effect, its claim left
 // interrupted, a new process started); acks and naks lost with the
-// connection, and the message redelivered after AckWait. Invariants: no
-// message's effect happens twice, ever; at the end every message is acked
-// with its effect once, or terminated with none.
+// connection, and the message redelivered after AckWait; handlers that
+// fail with an error that wraps a store's refusal (from a call made
+// downstream); messages without a Nats-Msg-Id (a publisher's bug).
+// Invariants: no message's effect happens twice, ever; at the end every
+// message with an id is acked with its effect once, or terminated with
+// none after a final failure; every message without one is terminated
+// with a reason (for the advisory), never acked, its handler never run.
 func TestConsumerModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		b := idemtest.NewMemoryBackend()
@@ -60,15 +64,25 @@ func TestConsumerModel(t *testing.T) {
 		start()
 		var queue []string // message ids, one per message the stream holds
 		n := rapid.IntRange(1, 8).Draw(rt, "messages")
+		noID, withID := 0, map[string]bool{}
 		for i := range n {
 			id := fmt.Sprint("msg-", i)
+			if rapid.IntRange(0, 5).Draw(rt, "no id") == 0 {
+				id = ""
+			}
+			withID[id] = id != ""
 			queue = append(queue, id)
 			if rapid.IntRange(0, 4).Draw(rt, "duplicate") == 0 {
 				queue = append(queue, id)
 			}
 		}
+		for _, id := range queue {
+			if id == "" {
+				noID++
+			}
+		}
 		final := map[string]bool{}
-		acked, termed := map[string]int{}, map[string]int{}
+		acked, termed, withReason := map[string]int{}, map[string]int{}, map[string]int{}
 		ctx := context.Background()
 		for attempt := 0; len(queue) > 0; attempt++ {
 			if attempt > 400 {
@@ -79,7 +93,10 @@ func TestConsumerModel(t *testing.T) {
 			queue = append(queue[:i], queue[i+1:]...)
 			what := "ok"
 			if attempt < 200 {
-				what = rapid.SampledFrom([]string{"ok", "ok", "fail", "final", "panic", "kill-before", "kill-after", "lost-settle"}).Draw(rt, "handler")
+				what = rapid.SampledFrom([]string{"ok", "ok", "fail", "refused-downstream", "final", "panic", "kill-before", "kill-after", "lost-settle"}).Draw(rt, "handler")
+			}
+			if id == "" && (what == "kill-before" || what == "kill-after") {
+				what = "ok" // no key to die holding
 			}
 			if what == "kill-before" || what == "kill-after" {
 				tk, err := c.q.Store().Begin(ctx, id, []byte("body"))
@@ -102,6 +119,8 @@ func TestConsumerModel(t *testing.T) {
 				switch what {
 				case "fail":
 					return 0, errors.New("transient")
+				case "refused-downstream":
+					return 0, fmt.Errorf("calling the ledger: %w", idem.ErrPayloadMismatch)
 				case "final":
 					final[id] = true
 					return 0, idem.Final(errors.New("declined"))
@@ -124,11 +143,22 @@ func TestConsumerModel(t *testing.T) {
 				acked[id]++
 			case settles[0] == "term":
 				termed[id]++
+			case settles[0] == "term-reason":
+				withReason[id]++
 			}
+		}
+		if acked[""] > 0 || termed[""] > 0 || effects[""] > 0 || withReason[""] != noID {
+			rt.Fatalf("%d messages without an id: %d acked, %d terminated, %d terminated with a reason, effect applied %d times",
+				noID, acked[""], termed[""], withReason[""], effects[""])
 		}
 		for i := range n {
 			id := fmt.Sprint("msg-", i)
+			if !withID[id] {
+				continue // published without one
+			}
 			switch {
+			case withReason[id] > 0:
+				rt.Fatalf("%s: terminated as if it had no id", id)
 			case acked[id] > 0 && termed[id] > 0:
 				rt.Fatalf("%s: both acked and terminated", id)
 			case acked[id] > 0 && effects[id] != 1:

@@ -22,18 +22,24 @@ type Options struct {
 	// (basic.qos), and how many handlers run at once. Zero means 16.
 	Prefetch int
 
-	// Key returns a delivery's idempotency key. Nil means its MessageId;
-	// a delivery without one is rejected, since nothing tells its
-	// redeliveries apart from new messages.
+	// Key returns a delivery's idempotency key. Nil means its MessageId.
+	// A delivery without a valid key (no MessageId, or Key's error) is
+	// held (idemqueue.Hold), since nothing tells its redeliveries apart
+	// from new messages: dead-lettered with DeadLetter, or else
+	// retried after idemqueue.Options.InterruptedDelay, never acked. A
+	// Key that falls back on a field of the body when MessageId is
+	// missing handles such deliveries instead.
 	Key func(amqp.Delivery) (string, error)
 
 	// Payload returns what a message's deliveries must agree on (another
 	// payload under the same key is rejected). Nil means its body.
 	Payload func(amqp.Delivery) any
 
-	// DeadLetter nacks a rejected delivery without requeue, for the
-	// queue's dead-letter exchange, instead of acking it. With Declare,
-	// the queue is declared with a dead-letter queue, <queue>.dead.
+	// DeadLetter nacks a rejected or held delivery without requeue, for
+	// the queue's dead-letter exchange, instead of acking a rejected one
+	// and retrying a held one later. With Declare, the queue is declared
+	// with a dead-letter queue, <queue>.dead; without it, the queue must
+	// have a dead-letter exchange, or RabbitMQ drops what is nacked.
 	DeadLetter bool
 
 	// Declare declares the queue (durable) when Run connects. False means
@@ -73,7 +79,7 @@ func New[R any](q *idemqueue.Consumer[R], opts Options) (*Consumer[R], error) {
 	return &Consumer[R]{q: q, opts: opts}, nil
 }
 
-// errNoID is why a delivery without a key is rejected.
+// errNoID is why a delivery without a key is held.
 var errNoID = fmt.Errorf("%w: the message has no MessageId", idem.ErrInvalidKey)
 
 // A settler settles one delivery: a session's, or a test's.
@@ -98,6 +104,15 @@ func (c *Consumer[R]) handle(ctx context.Context, s settler, d amqp.Delivery, de
 		err = s.ack(d)
 	case idemqueue.Reject:
 		err = s.reject(d, c.opts.DeadLetter)
+	case idemqueue.Hold:
+		// Never acked: its work did not happen. The dead-letter
+		// exchange takes it, or, without one, it waits in a retry
+		// queue and comes back after dec.Delay, for an operator.
+		if c.opts.DeadLetter {
+			err = s.reject(d, true)
+		} else {
+			err = s.retry(ctx, d, dec.Delay)
+		}
 	default:
 		err = s.retry(ctx, d, dec.Delay)
 	}
@@ -121,15 +136,12 @@ func (c *Consumer[R]) handler(d amqp.Delivery, fn func(context.Context, amqp.Del
 // the store itself (a RunOnceTx).
 func (c *Consumer[R]) caller(call func(context.Context, string, any) error) func(context.Context, string, any) idemqueue.Decision {
 	return func(ctx context.Context, key string, payload any) idemqueue.Decision {
-		// A panic or a Goexit in call is a failure: retried, as for a
-		// handler's.
-		_, err := contain.Call(func() (struct{}, error) { return struct{}{}, call(ctx, key, payload) })
-		return c.q.Decide(ctx, key, err)
+		return c.q.HandleTx(ctx, key, payload, call)
 	}
 }
 
 // identify returns d's key, from Options.Key or its MessageId, and its
-// payload. A key function's error rejects the delivery; a panic in
+// payload. A key function's error holds the delivery; a panic in
 // Options.Key or Options.Payload (a bug, which a fixed deploy may not
 // have) retries it.
 func (c *Consumer[R]) identify(d amqp.Delivery) (key string, payload any, err error) {

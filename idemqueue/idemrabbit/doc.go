@@ -8,6 +8,16 @@
 //	                  the queue's dead-letter exchange takes it)
 //	idemqueue.Retry   a copy to the retry queue of its delay, then Ack;
 //	                  with no delay, Nack with requeue
+//	idemqueue.Hold    with Options.DeadLetter, Nack without requeue; else
+//	                  as a Retry after Decision.Delay: never Ack
+//
+// A delivery without a MessageId (or whose Options.Key fails) is held: its
+// work did not happen, and never can without an id. With DeadLetter the
+// queue's dead-letter exchange takes it (a queue without one would drop
+// it: RabbitMQ drops what is nacked without requeue); otherwise it waits
+// in a retry queue and comes back after idemqueue.Options.InterruptedDelay,
+// again and again, until an operator moves it or a deploy adds an
+// Options.Key that derives a key from its body.
 //
 // A retry never requeues at once, which would loop hot on a key that is
 // still busy: the copy waits in a queue named <queue>.retry.<ms>, whose

@@ -21,6 +21,7 @@ type modelBroker struct {
 	queue    []amqp.Delivery
 	acked    map[string]int
 	rejected map[string]int
+	parked   int  // retried deliveries without an id: an operator's, delivered no more here
 	fail     bool // the next settle fails: the connection is lost with it
 }
 
@@ -43,6 +44,12 @@ func (m *modelBroker) retry(_ context.Context, d amqp.Delivery, _ time.Duration)
 		m.queue = append(m.queue, d)
 		return errors.New("amqp: connection closed")
 	}
+	if d.MessageId == "" {
+		// It would come back after its delay, and be held again, for
+		// ever: the model leaves it in its retry queue, for an operator.
+		m.parked++
+		return nil
+	}
 	m.queue = append(m.queue, d) // the copy, back from the retry queue
 	return nil
 }
@@ -51,9 +58,13 @@ func (m *modelBroker) retry(_ context.Context, d amqp.Delivery, _ time.Duration)
 // messages published once or twice, delivered in any order; handlers that
 // succeed, fail, fail for good, panic, or die (the process killed before
 // or after the remote effect, its claim left interrupted, a new process
-// started); settles lost with the connection, and their deliveries handed
-// out again. Invariants: no message's effect happens twice, ever; at the
-// end every message is acked with its effect once, or rejected with none.
+// started; or fail with an error that wraps a store's refusal, from a
+// call made downstream); settles lost with the connection, and their
+// deliveries handed out again; messages without a MessageId (a
+// publisher's bug). Invariants: no message's effect happens twice, ever;
+// at the end every message with an id is acked with its effect once, or
+// rejected with none after a final failure; every message without one is
+// still with the broker (a retry queue), never acked nor rejected.
 func TestConsumerModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		b := idemtest.NewMemoryBackend()
@@ -92,12 +103,23 @@ func TestConsumerModel(t *testing.T) {
 		start()
 		m := &modelBroker{acked: map[string]int{}, rejected: map[string]int{}}
 		n := rapid.IntRange(1, 8).Draw(rt, "messages")
+		noID := 0                   // deliveries without an id published
+		withID := map[string]bool{} // the ids published
 		for i := range n {
 			d := amqp.Delivery{MessageId: fmt.Sprint("msg-", i), Body: []byte("body")}
+			if rapid.IntRange(0, 5).Draw(rt, "no id") == 0 {
+				d.MessageId = ""
+			}
 			m.queue = append(m.queue, d)
 			if rapid.IntRange(0, 4).Draw(rt, "duplicate") == 0 {
 				m.queue = append(m.queue, d)
 			}
+		}
+		for _, d := range m.queue {
+			if d.MessageId == "" {
+				noID++
+			}
+			withID[d.MessageId] = d.MessageId != ""
 		}
 		final := map[string]bool{}
 		ctx := context.Background()
@@ -111,7 +133,10 @@ func TestConsumerModel(t *testing.T) {
 			id := d.MessageId
 			what := "ok"
 			if attempt < 200 {
-				what = rapid.SampledFrom([]string{"ok", "ok", "fail", "final", "panic", "kill-before", "kill-after", "lost-settle"}).Draw(rt, "handler")
+				what = rapid.SampledFrom([]string{"ok", "ok", "fail", "refused-downstream", "final", "panic", "kill-before", "kill-after", "lost-settle"}).Draw(rt, "handler")
+			}
+			if id == "" && (what == "kill-before" || what == "kill-after") {
+				what = "ok" // no key to die holding
 			}
 			if what == "kill-before" || what == "kill-after" {
 				tk, err := c.q.Store().Begin(ctx, id, d.Body)
@@ -131,6 +156,8 @@ func TestConsumerModel(t *testing.T) {
 				switch what {
 				case "fail":
 					return 0, errors.New("transient")
+				case "refused-downstream":
+					return 0, fmt.Errorf("calling the ledger: %w", idem.ErrPayloadMismatch)
 				case "final":
 					final[id] = true
 					return 0, idem.Final(errors.New("declined"))
@@ -145,8 +172,15 @@ func TestConsumerModel(t *testing.T) {
 				rt.Fatalf("%s: effect applied %d times", id, effects[id])
 			}
 		}
+		if m.acked[""] > 0 || m.rejected[""] > 0 || effects[""] > 0 || m.parked != noID {
+			rt.Fatalf("%d deliveries without an id: %d acked, %d rejected, %d left with the broker, effect applied %d times",
+				noID, m.acked[""], m.rejected[""], m.parked, effects[""])
+		}
 		for i := range n {
 			id := fmt.Sprint("msg-", i)
+			if !withID[id] {
+				continue // published without one
+			}
 			switch {
 			case m.acked[id] > 0 && m.rejected[id] > 0:
 				rt.Fatalf("%s: both acked and rejected", id)

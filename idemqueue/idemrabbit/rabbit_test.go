@@ -237,7 +237,6 @@ func TestDecisionTableOverRabbitMQ(t *testing.T) {
 	br.publish(t, "final", "body")
 	br.publish(t, "transient", "body")
 	br.publish(t, "panics", "body")
-	br.publish(t, "", "no id")
 	br.publish(t, "interrupted", "body")
 	br.publish(t, "busy", "body")
 	br.publish(t, "ok", "another body")
@@ -251,7 +250,6 @@ func TestDecisionTableOverRabbitMQ(t *testing.T) {
 	require.NoError(t, err)
 	rec.waitFor(t, "ok", 2)
 	rec.waitFor(t, "final", 1)
-	rec.waitFor(t, "", 1)
 	require.Eventually(t, func() bool {
 		a := rec.of("busy")
 		return len(a) > 0 && a[len(a)-1] == idemqueue.Ack
@@ -265,7 +263,6 @@ func TestDecisionTableOverRabbitMQ(t *testing.T) {
 	assert.Equal(t, []idemqueue.Action{R}, rec.of("final"))
 	assert.Equal(t, []idemqueue.Action{T, A}, rec.of("transient"))
 	assert.Equal(t, []idemqueue.Action{T, A}, rec.of("panics"))
-	assert.Equal(t, []idemqueue.Action{R}, rec.of(""))
 	assert.Equal(t, []idemqueue.Action{T, A}, rec.of("interrupted"))
 	for _, id := range []string{"transient", "panics", "interrupted", "busy"} {
 		assert.True(t, rec.dead[id], "%s came back through the retry queue, not a requeue", id)
@@ -303,6 +300,48 @@ func TestRejectedIsDeadLetteredOverRabbitMQ(t *testing.T) {
 	stop()
 	<-ran
 	assert.Zero(t, br.messages(t, br.queue))
+}
+
+// A delivery without a MessageId (one publisher's bug) is never acked:
+// without DeadLetter it comes back through the retry queue after
+// InterruptedDelay, again and again, for an operator; with DeadLetter the
+// dead-letter queue takes it.
+func TestMessageWithoutAnIDIsKeptOverRabbitMQ(t *testing.T) {
+	for _, deadLetter := range []bool{false, true} {
+		br := newBroker(t, retryDelay)
+		store := idem.New[int](idem.Options{Backend: idemtest.NewMemoryBackend()})
+		defer store.Close()
+		q, err := idemqueue.New(store, idemqueue.Options{InterruptedDelay: retryDelay})
+		require.NoError(t, err)
+		rec := newDecisions()
+		c, err := New(q, Options{Queue: br.queue, Declare: true, DeadLetter: deadLetter, Report: rec.report})
+		require.NoError(t, err)
+		ctx, stop := context.WithCancel(context.Background())
+		ran := make(chan error, 1)
+		go func() {
+			ran <- c.Run(ctx, br.dial, func(context.Context, amqp.Delivery) (int, error) {
+				t.Error("a delivery without an id ran")
+				return 0, nil
+			})
+		}()
+		br.declared(t)
+		br.publish(t, "", "no id")
+		if deadLetter {
+			rec.waitFor(t, "", 1)
+			require.Eventually(t, func() bool { return br.messages(t, br.queue+".dead") == 1 }, 10*time.Second, 10*time.Millisecond)
+		} else {
+			rec.waitFor(t, "", 3) // held, and delivered again, twice
+			rec.mu.Lock()
+			assert.True(t, rec.dead[""], "it came back through the retry queue")
+			rec.mu.Unlock()
+		}
+		stop()
+		require.ErrorIs(t, <-ran, context.Canceled)
+		for _, a := range rec.of("") {
+			assert.Equal(t, idemqueue.Hold, a, "deadLetter %v", deadLetter)
+		}
+		assert.Empty(t, rec.errs)
+	}
 }
 
 // A connection lost mid-handler: the ack fails with it, Run dials again,

@@ -27,8 +27,8 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			// goroutine, begin's guard releases it.
 			t.claim = &claim
 			endClaim(nil)
-			if st, ok := s.opts.Backend.(backend.Stepper); ok && s.opts.Resume {
-				t.op.resumeWith(st, claim, s.opts.Now, s.opts.SettleTimeout, s.stopping)
+			if s.b.st != nil && s.opts.Resume {
+				t.op.resumeWith(s.b, claim, s.opts.Now, s.opts.SettleTimeout, s.stopping)
 			}
 			t.startSpan()
 			work, cancelWork := s.workContext(t.ctx, nil)
@@ -86,7 +86,7 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 // decoded into t (and the claim returned is zero), anything else is an
 // error.
 func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, time.Time, error) {
-	b := s.opts.Backend
+	b := s.b
 	key, fp := t.e.key, t.e.fp
 	retried := false
 	for {
@@ -121,7 +121,7 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 			t.val, t.err = s.decode(rec)
 			return backend.Record{}, sent, nil
 		}
-		if st, ok := b.(backend.Stepper); ok && s.opts.Resume {
+		if st := b; b.st != nil && s.opts.Resume {
 			// Take the claim over, steps and all, and run on from its last
 			// recovery point (from the start, if it recorded none).
 			sent = time.Now()
@@ -166,8 +166,21 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 // a connection the client gave up on): it is read back, and unless it is
 // found in time to run fn under it, it is released in the background as
 // soon as it shows up, rather than left to strand the key.
-func (s *Store[R]) claimDurable(ctx context.Context, claim backend.Record) (backend.Record, bool, error) {
-	b := s.opts.Backend
+//
+// A Backend that ends the goroutine (runtime.Goexit) leaves the claim's
+// fate unknown too: it is released in the background as the goroutine
+// ends.
+func (s *Store[R]) claimDurable(ctx context.Context, claim backend.Record) (rec backend.Record, claimed bool, err error) {
+	returned := false
+	defer exiting(&returned, func() { s.releaseLater(claim.Key, claim.Token) })
+	rec, claimed, err = s.tryClaim(ctx, claim)
+	returned = true
+	return rec, claimed, err
+}
+
+// tryClaim is claimDurable, but for a goroutine the Backend ends.
+func (s *Store[R]) tryClaim(ctx context.Context, claim backend.Record) (backend.Record, bool, error) {
+	b := s.b
 	// A claim against a backend that never answers must not hold Close up.
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -227,7 +240,7 @@ func checkClaim(claim, rec backend.Record, claimed bool) error {
 // whose outcome the backend remembers needs no room to be replayed. Any
 // other key is refused with ErrFull.
 func (s *Store[R]) replayWhenFull(ctx context.Context, key string, fp Fingerprint) (val R, ferr, err error) {
-	rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
+	rec, ok, err := s.b.Get(ctx, key, s.opts.Now())
 	switch {
 	case err != nil:
 		return val, nil, &BackendError{Op: "get", Err: err}
@@ -270,7 +283,7 @@ func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record
 			}
 			return backend.Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		}
-		rec, ok, err := s.opts.Backend.Get(ctx, key, s.opts.Now())
+		rec, ok, err := s.b.Get(ctx, key, s.opts.Now())
 		switch {
 		case err != nil && s.stopping.Err() != nil:
 			return backend.Record{}, fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
@@ -378,7 +391,7 @@ func (t *Ticket[R]) takeLease() func() {
 func (s *Store[R]) lapse(ctx context.Context, claim backend.Record) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
 	defer cancel()
-	_ = s.opts.Backend.Renew(ctx, claim.Key, claim.Token, lapsedAt, time.Nanosecond)
+	_ = s.b.Renew(ctx, claim.Key, claim.Token, lapsedAt, time.Nanosecond)
 }
 
 // lapsedAt is the instant a lapsed lease is given: the first second of
@@ -404,13 +417,11 @@ func (s *Store[R]) encode(rec *backend.Record, val R, err error) error {
 // outcome", `step "charge"`): it reaches the Observer and the log inside a
 // *NotRecordedError, or a step's caller, where a bare "json: unsupported
 // type" would not say which part of the library could not go on.
-func marshal(c Codec, v any, what string) (_ []byte, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("idem: the Codec panicked encoding %s: %v", what, p)
-		}
-	}()
-	b, err := c.Marshal(v)
+func marshal(c Codec, v any, what string) (b []byte, err error) {
+	returned := false
+	defer guard(&returned, func(p any) { b, err = nil, fmt.Errorf("idem: the Codec panicked encoding %s: %v", what, p) }, nil)
+	b, err = c.Marshal(v)
+	returned = true
 	if err != nil {
 		return nil, fmt.Errorf("idem: the Codec could not encode %s: %w", what, err)
 	}
@@ -418,12 +429,11 @@ func marshal(c Codec, v any, what string) (_ []byte, err error) {
 }
 
 func unmarshal(c Codec, data []byte, v any) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("idem: the Codec panicked decoding the outcome: %v", p)
-		}
-	}()
-	return c.Unmarshal(data, v)
+	returned := false
+	defer guard(&returned, func(p any) { err = fmt.Errorf("idem: the Codec panicked decoding the outcome: %v", p) }, nil)
+	err = c.Unmarshal(data, v)
+	returned = true
+	return err
 }
 
 // decode turns a completed record back into the outcome it recorded. A final

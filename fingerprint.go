@@ -25,12 +25,10 @@ func DefaultFingerprint(payload any) (fp Fingerprint, err error) {
 		// copy would cost an allocation on every replay.
 		return sha256.Sum256(unsafe.Slice(unsafe.StringData(p), len(p))), nil
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("idem: payload's JSON encoding panicked: %v", v)
-		}
-	}()
+	returned := false
+	defer guard(&returned, func(v any) { fp, err = Fingerprint{}, fmt.Errorf("idem: payload's JSON encoding panicked: %v", v) }, nil)
 	b, err := json.Marshal(payload)
+	returned = true
 	if err != nil {
 		return Fingerprint{}, fmt.Errorf("idem: payload has no JSON encoding to fingerprint: %w", err)
 	}

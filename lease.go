@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -110,25 +109,19 @@ func (l *lease[R]) fire() {
 	// A renewal that lands after the outcome was recorded is refused by
 	// the backend (the record is no longer pending), which is harmless.
 	// Bounded by the trust left, or a retry's worth once it has run out.
-	// A Backend that ends this goroutine (runtime.Goexit) or panics made a
-	// renewal that failed: the deferred call still takes its result, or
-	// the lease would stay renewing, and never renew again; and a panic
-	// on the timer's goroutine would end the process.
+	// A Backend that ends this goroutine (runtime.Goexit) made a renewal
+	// that failed: the deferred call still takes its result, or the lease
+	// would stay renewing, and never renew again. (A panic is the guarded
+	// Backend's error.)
 	s := l.s
 	lease := s.opts.Lease
 	every := lease / 3
 	sent := time.Now()
 	err := errRenewalExited
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("idem: the Backend's Renew panicked: %v", p)
-			s.opts.Logger.Error("idem: lease renewal failed", "key", l.key, "err", err)
-		}
-		l.renewed(sent, err)
-	}()
+	defer func() { l.renewed(sent, err) }()
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(l.ctx), max(min(every, left), lease/12))
 	unhook := context.AfterFunc(s.closing, rcancel)
-	err = s.opts.Backend.Renew(rctx, l.key, l.token, s.opts.Now(), lease)
+	err = s.b.Renew(rctx, l.key, l.token, s.opts.Now(), lease)
 	unhook()
 	rcancel()
 }

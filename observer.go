@@ -76,8 +76,10 @@ type Observer struct {
 func (s *Store[R]) notRecorded(ctx context.Context, key string, err *NotRecordedError) {
 	s.opts.Logger.Error("idem: outcome not recorded", "key", key, "err", err)
 	if o := s.opts.Observer; o != nil && o.NotRecorded != nil {
-		defer s.recoverObserver("NotRecorded")
+		returned := false
+		defer guard(&returned, func(v any) { s.observerPanicked("NotRecorded", v) }, nil)
 		o.NotRecorded(context.WithoutCancel(ctx), key, err)
+		returned = true
 	}
 }
 
@@ -97,22 +99,25 @@ func (s *Store[R]) observe(ctx context.Context, key string, t *Ticket[R], err er
 
 func (s *Store[R]) callObserver(ctx context.Context, key string, outcome Outcome, took time.Duration) {
 	if o := s.opts.Observer; o != nil && o.Call != nil {
-		defer s.recoverObserver("Call")
+		returned := false
+		defer guard(&returned, func(v any) { s.observerPanicked("Call", v) }, nil)
 		o.Call(ctx, key, outcome, took)
+		returned = true
 	}
 }
 
 func (s *Store[R]) executing(ctx context.Context, delta int) {
 	if o := s.opts.Observer; o != nil && o.Executing != nil {
-		defer s.recoverObserver("Executing")
+		returned := false
+		defer guard(&returned, func(v any) { s.observerPanicked("Executing", v) }, nil)
 		o.Executing(ctx, delta)
+		returned = true
 	}
 }
 
-func (s *Store[R]) recoverObserver(fn string) {
-	if v := recover(); v != nil {
-		s.opts.Logger.Error("idem: the Observer's "+fn+" panicked; ignored", "panic", v)
-	}
+// observerPanicked logs a panic in the Observer's fn, which is ignored.
+func (s *Store[R]) observerPanicked(fn string, v any) {
+	s.opts.Logger.Error("idem: the Observer's "+fn+" panicked; ignored", "panic", v)
 }
 
 // outcomeOf classifies a call that did not become the key's owner.
@@ -150,19 +155,21 @@ func (s *Store[R]) span(ctx context.Context, phase, key string) (sctx context.Co
 	if o == nil || o.Span == nil {
 		return ctx, noEnd
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			s.opts.Logger.Error("idem: the Observer's Span panicked; ignored", "panic", v)
-			sctx, end = ctx, noEnd // the phase runs under ctx, as without a span
-		}
-	}()
+	returned := false
+	defer guard(&returned, func(v any) {
+		s.observerPanicked("Span", v)
+		sctx, end = ctx, noEnd // the phase runs under ctx, as without a span
+	}, nil)
 	sctx, sEnd := o.Span(ctx, phase, key)
+	returned = true
 	if sctx == nil || sEnd == nil {
 		return ctx, noEnd
 	}
 	return sctx, func(err error) {
-		defer s.recoverObserver("Span's end")
+		returned := false
+		defer guard(&returned, func(v any) { s.observerPanicked("Span's end", v) }, nil)
 		sEnd(err)
+		returned = true
 	}
 }
 

@@ -140,13 +140,26 @@ const (
 // flight half-settled.
 func guardedClock(now func() time.Time, logger *slog.Logger) func() time.Time {
 	return func() (t time.Time) {
-		defer func() {
-			if v := recover(); v != nil {
-				logger.Error("idem: Options.Now panicked; the system clock answers instead", "panic", v)
-				t = time.Now()
-			}
-		}()
-		return now()
+		returned := false
+		defer guard(&returned, func(v any) {
+			logger.Error("idem: Options.Now panicked; the system clock answers instead", "panic", v)
+			t = time.Now()
+		}, nil)
+		t = now()
+		returned = true
+		return t
+	}
+}
+
+// guardedFingerprint returns fp, with a panic in it (the user's code) an
+// error, which the Store answers as an invalid payload.
+func guardedFingerprint(fp func(any) (Fingerprint, error)) func(any) (Fingerprint, error) {
+	return func(payload any) (f Fingerprint, err error) {
+		returned := false
+		defer guard(&returned, func(v any) { f, err = Fingerprint{}, fmt.Errorf("idem: Options.Fingerprint panicked: %v", v) }, nil)
+		f, err = fp(payload)
+		returned = true
+		return f, err
 	}
 }
 
@@ -202,6 +215,8 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Fingerprint == nil {
 		o.Fingerprint = DefaultFingerprint
+	} else {
+		o.Fingerprint = guardedFingerprint(o.Fingerprint)
 	}
 	if o.Lease <= 0 {
 		o.Lease = defaultLease

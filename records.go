@@ -33,7 +33,7 @@ var errListingStopped = errors.New("idem: listing stopped")
 // between the passes may come twice or not at all.
 func (s *Store[R]) Records(ctx context.Context, states ...backend.RecordState) iter.Seq2[backend.Record, error] {
 	return func(yield func(backend.Record, error) bool) {
-		lister, ok := s.opts.Backend.(backend.Lister)
+		lister, ok := s.b, s.b.ls != nil
 		switch {
 		case ctx == nil:
 			yield(backend.Record{}, errNilContext)

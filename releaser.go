@@ -48,7 +48,7 @@ func (r *releaser) add(s releaseRunner, key, token string, watch time.Time) {
 	r.pending[unknownClaim{key, token}] = watch
 	if r.idle == nil {
 		r.idle = make(chan struct{})
-		s.startBackground(func() { r.run(s) })
+		s.startBackground(func() { r.run(s, false) })
 	}
 }
 
@@ -68,8 +68,23 @@ func (r *releaser) done() <-chan struct{} {
 }
 
 // run tries every pending release, in rounds with a backoff between them,
-// until none is left or the store has closed.
-func (r *releaser) run(s releaseRunner) {
+// until none is left or the store has closed. A Backend whose Release
+// ends the goroutine (runtime.Goexit) does not end the releases: they go
+// on from a fresh goroutine, after a pause (again).
+func (r *releaser) run(s releaseRunner, again bool) {
+	returned := false
+	defer exiting(&returned, func() { s.startBackground(func() { r.run(s, true) }) })
+	if again && !pause(s.closingDone(), settleMax) {
+		r.exit(true)
+		returned = true
+		return
+	}
+	r.rounds(s)
+	returned = true
+}
+
+// rounds is run's loop.
+func (r *releaser) rounds(s releaseRunner) {
 	for wait := settleMin; ; wait = min(2*wait, settleMax) {
 		r.mu.Lock()
 		claims := make([]unknownClaim, 0, len(r.pending))
@@ -125,7 +140,7 @@ func (s *Store[R]) startBackground(fn func()) {
 func (s *Store[R]) tryRelease(key, token string) error {
 	ctx, cancel := context.WithTimeout(s.closing, settleMax)
 	defer cancel()
-	return s.opts.Backend.Release(ctx, key, token)
+	return s.b.Release(ctx, key, token)
 }
 
 func (s *Store[R]) closingDone() <-chan struct{} { return s.closing.Done() }

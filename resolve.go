@@ -43,7 +43,7 @@ func (s *Store[R]) Resolve(ctx context.Context, key string, val R, err error) er
 	case s.opts.Backend == nil:
 		return fmt.Errorf("%w: a store without a Backend keeps no interrupted keys", ErrNotInterrupted)
 	}
-	rec, ok, gerr := s.opts.Backend.Get(ctx, key, s.opts.Now())
+	rec, ok, gerr := s.b.Get(ctx, key, s.opts.Now())
 	switch {
 	case gerr != nil:
 		return &BackendError{Op: "get", Err: gerr}

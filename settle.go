@@ -26,7 +26,7 @@ const (
 // still pending means no try landed yet, so it tries again until
 // Options.SettleTimeout runs out.
 func (s *Store[R]) complete(ctx context.Context, done backend.Record) error {
-	b := s.opts.Backend
+	b := s.b
 	return s.settle(ctx, func(ctx context.Context) error {
 		return b.Complete(ctx, done, s.opts.Now(), s.opts.TTL)
 	}, func(rec backend.Record, found bool) (bool, error) {
@@ -53,7 +53,7 @@ func sameOutcome(a, b backend.Record) bool {
 // release deletes the claim held by token, settling a failed try as
 // complete does: no record, or another token's, means it is released.
 func (s *Store[R]) release(ctx context.Context, key, token string) error {
-	b := s.opts.Backend
+	b := s.b
 	return s.settle(ctx, func(ctx context.Context) error {
 		return b.Release(ctx, key, token)
 	}, func(rec backend.Record, found bool) (bool, error) {
@@ -84,7 +84,7 @@ func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error
 		if refused(err) {
 			return err
 		}
-		rec, found, gerr := s.opts.Backend.Get(ctx, key, s.opts.Now())
+		rec, found, gerr := s.b.Get(ctx, key, s.opts.Now())
 		if gerr == nil {
 			if ok, cerr := check(rec, found); ok {
 				return cerr
@@ -115,8 +115,14 @@ func pause(done <-chan struct{}, d time.Duration) bool {
 // must leave the key free once the backend answers, not pinned to this
 // process's memory nor interrupted for good. It returns the error of the
 // first attempt.
+//
+// A Backend that ends the goroutine (runtime.Goexit) leaves the release's
+// fate unknown too: it goes on in the background as the goroutine ends.
 func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error {
+	returned := false
+	defer exiting(&returned, func() { s.releaseLater(key, token) })
 	err := s.release(ctx, key, token)
+	returned = true
 	if err != nil && !errors.Is(err, backend.ErrNotOwner) {
 		s.releaseLater(key, token)
 	}
@@ -132,30 +138,48 @@ func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error 
 // closes; after a restart the key is interrupted.
 func (s *Store[R]) completeLater(done backend.Record, e *entry[R], stopLease func()) {
 	s.recording.Add(1)
-	s.startBackground(func() {
-		defer func() {
+	s.startBackground(func() { s.recordLater(done, e, stopLease, false) })
+}
+
+// recordLater is completeLater's goroutine. A Backend that ends it
+// (runtime.Goexit) does not end the recording: it goes on from a fresh
+// goroutine, after a pause (again), so that the pin and the lease are
+// not left for ever.
+func (s *Store[R]) recordLater(done backend.Record, e *entry[R], stopLease func(), again bool) {
+	returned := false
+	defer exiting(&returned, func() {
+		s.startBackground(func() { s.recordLater(done, e, stopLease, true) })
+	})
+	defer func() {
+		if returned {
 			s.recording.Add(-1)
 			select {
 			case s.recorded <- struct{}{}:
 			default:
 			}
-		}()
-		defer stopLease()
-		for wait := settleMin; ; wait = min(2*wait, settleMax) {
-			ctx, cancel := context.WithTimeout(s.closing, s.opts.SettleTimeout)
-			err := s.complete(ctx, done)
-			cancel()
-			if err == nil || errors.Is(err, backend.ErrNotOwner) {
-				// Its execution may have yet to pin it.
-				for !s.table.unpin(e) && pause(s.closing.Done(), settleMin) {
-				}
-				return
-			}
-			if !pause(s.closing.Done(), wait) {
-				return
-			}
+			stopLease()
 		}
-	})
+	}()
+	if again && !pause(s.closing.Done(), settleMax) {
+		returned = true
+		return
+	}
+	for wait := settleMin; ; wait = min(2*wait, settleMax) {
+		ctx, cancel := context.WithTimeout(s.closing, s.opts.SettleTimeout)
+		err := s.complete(ctx, done)
+		cancel()
+		if err == nil || errors.Is(err, backend.ErrNotOwner) {
+			// Its execution may have yet to pin it.
+			for !s.table.unpin(e) && pause(s.closing.Done(), settleMin) {
+			}
+			returned = true
+			return
+		}
+		if !pause(s.closing.Done(), wait) {
+			returned = true
+			return
+		}
+	}
 }
 
 // awaitRecording waits until no held outcome is still being written to

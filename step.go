@@ -219,26 +219,27 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 
 	val, err := zero, error(nil)
 	returned := false
-	defer func() { // even if fn panics or exits: the waiters hear of it
-		switch p := recover(); {
-		case p != nil:
-			c.val, c.err = zero, &PanicError{Value: p}
-			close(c.ready)
-			panic(p)
-		case !returned: // runtime.Goexit
-			c.val, c.err = zero, errStepExited
-		default:
+	// Even if fn panics or exits, the waiters hear of it. A panic in fn is
+	// not a step's outcome: it goes on up, as from the operation's own code.
+	defer func() {
+		if returned {
 			c.val, c.err = val, err
+			close(c.ready)
 		}
-		close(c.ready)
 	}()
+	defer guard(&returned, func(p any) {
+		c.val, c.err = zero, &PanicError{Value: p}
+		close(c.ready)
+		panic(p)
+	}, func() {
+		c.val, c.err = zero, errStepExited
+		close(c.ready)
+	})
 	if recorded {
 		val, err = decodeStep[T](op.codec, s)
 		returned = true
 		return val, err
 	}
-	// A panic in fn is not a step's outcome: it goes on up, as from the
-	// operation's own code.
 	val, err = fn(context.WithValue(ctx, stepFrameKey{}, &stepFrame{op: op, name: name, parent: frame}))
 	returned = true
 	if !isFinalOutcome(err) || record == nil {

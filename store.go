@@ -15,6 +15,7 @@ import (
 type Store[R any] struct {
 	opts   Options // with defaults applied; read-only after New
 	table  *table[R]
+	b      guarded     // opts.Backend, every call guarded; zero without one
 	closed atomic.Bool // set by Close before the table refuses claims
 
 	misuse error // why the options cannot run as asked; every claim returns it
@@ -63,6 +64,9 @@ func New[R any](opts Options) *Store[R] {
 		recorded:  make(chan struct{}, 1),
 	}
 	s.table = newTable[R](s.opts.MaxKeys)
+	if s.opts.Backend != nil {
+		s.b = guardBackend(s.opts.Backend)
+	}
 	s.stopping, s.endStopping = context.WithCancel(context.Background())
 	s.closing, s.endClosing = context.WithCancel(context.Background())
 	if s.opts.SweepInterval > 0 {
@@ -168,8 +172,8 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	case s.table.inFlight(key):
 		return fmt.Errorf("%w: key %q is in flight in this store", ErrKeyHeld, key)
 	}
-	if b := s.opts.Backend; b != nil {
-		switch err := b.Forget(ctx, key, s.opts.Now()); {
+	if s.opts.Backend != nil {
+		switch err := s.b.Forget(ctx, key, s.opts.Now()); {
 		case errors.Is(err, ErrInProgress):
 			return fmt.Errorf("%w: %w", ErrKeyHeld, err)
 		case err != nil:
@@ -212,8 +216,10 @@ const backendSweepBatch = 1000
 func (s *Store[R]) sweep(ctx context.Context, stop func() error) (n int, err error) {
 	if o := s.opts.Observer; o != nil && o.Sweep != nil {
 		defer func() {
-			defer s.recoverObserver("Sweep")
+			returned := false
+			defer guard(&returned, func(v any) { s.observerPanicked("Sweep", v) }, nil)
 			o.Sweep(ctx, n, err)
+			returned = true
 		}()
 	}
 	return s.sweepAll(ctx, stop)
@@ -230,7 +236,7 @@ func (s *Store[R]) sweepAll(ctx context.Context, stop func() error) (int, error)
 		if err := stop(); err != nil {
 			return n, err
 		}
-		m, err := s.opts.Backend.Sweep(ctx, now, backendSweepBatch)
+		m, err := s.b.Sweep(ctx, now, backendSweepBatch)
 		n += m
 		if err != nil {
 			return n, &BackendError{Op: "sweep", Err: err}

@@ -40,14 +40,15 @@ func (s *Store[R]) sweepLoop(interval time.Duration) {
 
 // sweepOnce runs one supervised sweep.
 func (s *Store[R]) sweepOnce() {
-	defer func() {
-		if v := recover(); v != nil {
-			s.opts.Logger.Error("idem: sweep panicked; sweeping goes on at the next interval",
-				"panic", v, "stack", string(debug.Stack()))
-		}
-	}()
+	returned := false
+	defer guard(&returned, func(v any) {
+		s.opts.Logger.Error("idem: sweep panicked; sweeping goes on at the next interval",
+			"panic", v, "stack", string(debug.Stack()))
+	}, nil)
 	// s.stopping ends a backend sweep that blocks, so it cannot hold Close up.
-	if _, err := s.sweep(s.stopping, s.stopped); err != nil && err != errStopped && s.stopping.Err() == nil {
+	_, err := s.sweep(s.stopping, s.stopped)
+	returned = true
+	if err != nil && err != errStopped && s.stopping.Err() == nil {
 		s.opts.Logger.Error("idem: sweep failed; sweeping goes on at the next interval", "err", err)
 	}
 }

@@ -297,13 +297,13 @@ func (t *Ticket[R]) abandoned() {
 // returned false, whatever the panic value (even an error marked Final, or
 // nil under GODEBUG=panicnil=1).
 func call[R any](ctx context.Context, fn func(context.Context) (R, error)) (val R, err error, returned bool) {
-	defer func() {
-		if !returned {
-			v := recover()
-			var zero R
-			val, err = zero, &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
+	panicked := func(v any) {
+		var zero R
+		val, err = zero, &PanicError{Value: v, Stack: debug.Stack()}
+	}
+	// A recovered nil (panic(nil) under GODEBUG=panicnil=1) looks like a
+	// Goexit to guard; should the goroutine go on, it was a panic.
+	defer guard(&returned, panicked, func() { panicked(nil) })
 	val, err = fn(ctx)
 	return val, err, true
 }

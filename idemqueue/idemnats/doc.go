@@ -31,7 +31,8 @@
 //
 // A consumer's MaxDeliver counts every delivery, naks included: a message
 // retried more often than it allows (a key busy elsewhere, an interrupted
-// key kept for an operator) is dropped by JetStream. Leave it unlimited
+// key kept for an operator, a message without an id held with
+// AckRejected or on a server before 2.10.4) is dropped by JetStream. Leave it unlimited
 // (-1, the default), or above what the delays add up to.
 //
 // JetStream's dedupe window drops a second publish of an id within it

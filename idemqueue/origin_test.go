@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // The store's refusals (another payload under the id, an invalid key, a
@@ -124,6 +126,31 @@ func TestHandleTxJudgesARefusalByTheStore(t *testing.T) {
 	// Without the payload, Decide cannot tell: it retries.
 	assert.Equal(t, Retry, c.Decide(ctx, "m1", idem.ErrPayloadMismatch).Action)
 	assert.Equal(t, Retry, c.Decide(ctx, "m1", downstream["invalid key"]).Action, "a valid key")
+}
+
+// The same over a transaction of bolt's, whose record HandleTx reads
+// back: a refusal of another payload is the store's, found in the
+// record; the handler's own error, though the same sentinel, is retried
+// and its writes rolled back.
+func TestHandleTxOverBoltJudgesARefusalByTheRecord(t *testing.T) {
+	b, err := bolt.Open(t.TempDir()+"/idem.db", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close() })
+	c := consumer(t, b, Options{})
+	ctx := context.Background()
+	call := func(fail error) func(context.Context, string, any) error {
+		return func(ctx context.Context, key string, payload any) error {
+			_, err := bolt.RunOnceTx(ctx, c.Store(), key, payload, func(context.Context, *bbolt.Tx) (int, error) { return 1, fail })
+			return err
+		}
+	}
+	require.Equal(t, Ack, c.HandleTx(ctx, "m1", []byte("body"), call(nil)).Action)
+	d := c.HandleTx(ctx, "m1", []byte("another body"), call(nil))
+	assert.Equal(t, Reject, d.Action, "another payload under the id")
+	assert.ErrorIs(t, d.Err, idem.ErrPayloadMismatch)
+	d = c.HandleTx(ctx, "m2", []byte("body"), call(idem.ErrPayloadMismatch))
+	assert.Equal(t, Retry, d.Action, "the handler's own error")
+	assert.Equal(t, Ack, c.HandleTx(ctx, "m2", []byte("body"), call(nil)).Action, "the key was left free")
 }
 
 // A handler that panics with an error marked Final (panic(idem.Final(err)))

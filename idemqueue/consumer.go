@@ -295,11 +295,12 @@ func (c *Consumer[R]) refusedByStore(ctx context.Context, key string, payload an
 	}
 	opts := txrun.Of(c.store).Options()
 	// The store's own Fingerprint and Backend: the user's code, contained.
+	// A Fingerprint that fails, panics included, is what the store calls
+	// an invalid payload.
 	fp, ferr := contain.Call(func() (idem.Fingerprint, error) { return opts.Fingerprint(payload) })
-	var panicked *idem.PanicError
 	switch {
 	case errors.Is(err, idem.ErrInvalidPayload):
-		return ferr != nil && !errors.As(ferr, &panicked) && !errors.Is(ferr, contain.ErrExited)
+		return ferr != nil
 	case ferr != nil || opts.Backend == nil:
 		return false
 	}

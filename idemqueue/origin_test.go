@@ -123,6 +123,20 @@ func TestHandleTxJudgesARefusalByTheStore(t *testing.T) {
 	d = c.HandleTx(ctx, "", "body", ok)
 	assert.Equal(t, Hold, d.Action, "no id")
 
+	// A Fingerprint that panics: the store calls it an invalid payload,
+	// under Handle and HandleTx alike.
+	s := idem.New[int](idem.Options{Backend: idemtest.NewMemoryBackend(), Fingerprint: func(any) (idem.Fingerprint, error) { panic("bug") }})
+	t.Cleanup(func() { s.Close() })
+	pc, err := New(s, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, Reject, pc.Handle(ctx, "m1", "body", func(context.Context) (int, error) { return 1, nil }).Action)
+	d = pc.HandleTx(ctx, "m1", "body", func(ctx context.Context, key string, payload any) error {
+		_, err := s.RunOnce(ctx, key, payload, func(context.Context) (int, error) { return 1, nil })
+		return err
+	})
+	assert.Equal(t, Reject, d.Action)
+	assert.ErrorIs(t, d.Err, idem.ErrInvalidPayload)
+
 	// Without the payload, Decide cannot tell: it retries.
 	assert.Equal(t, Retry, c.Decide(ctx, "m1", idem.ErrPayloadMismatch).Action)
 	assert.Equal(t, Retry, c.Decide(ctx, "m1", downstream["invalid key"]).Action, "a valid key")

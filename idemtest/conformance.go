@@ -27,7 +27,7 @@ import (
 // second that it waits out by polling, so that it checks a backend that
 // judges time by its own server's clock as well as one that takes the now
 // it is given (which the suite passes as time.Now()). A shared backend also
-// runs RunShared.
+// runs RunShared, and RunOperator under settings its operator may choose.
 func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 	for _, tc := range []struct {
 		name string

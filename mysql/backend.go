@@ -22,7 +22,10 @@
 // Time is the server's: every lease, expiry and creation instant is made
 // and compared by the statements themselves, from UTC_TIMESTAMP(6), and
 // durations the Store sends. Neither the clocks of the machines that call
-// the database nor a session's time_zone decide who owns a key.
+// the database nor a session's time_zone decide who owns a key. A
+// RunOnceTx's outcome expires a TTL after its claim's instant, made before
+// fn ran, plus the time fn took: fn may SET its session's timestamp, which
+// UTC_TIMESTAMP follows, and the outcome is still kept for the TTL.
 //
 // Isolation: statements the backend sends alone run in autocommit, at the
 // session's level (REPEATABLE READ by default); the claim and every write
@@ -34,7 +37,9 @@
 // claim, a takeover, a Forget) waits for its row lock one second at most,
 // not innodb_lock_wait_timeout, and is sent again while its ctx allows:
 // one whose caller gave up must not wait on at the server, and land later.
-// A Forget that meets such a lock answers idem.ErrInProgress. The sweep,
+// A Forget that meets such a lock answers idem.ErrInProgress, whether the
+// transaction is still in flight when the wait ends or committed during it:
+// Forget deletes only the record it read before it waited. The sweep,
 // and the transactions the backend opens itself
 // (RecordStep, RunOnceTx), are READ COMMITTED: they lock the rows they
 // touch, not the gaps between them, where claims insert.
@@ -59,7 +64,10 @@
 // halves the round trips of every call (the backend's statements take
 // only numbers and bytes, which the driver escapes safely). The backend
 // works without it, and with any time_zone, loc or parseTime: it reads
-// instants as numbers.
+// instants as numbers. Any sql_mode will do, EMPTY_STRING_IS_NULL
+// included: no statement sends an empty string that the mode would turn
+// into a NULL the table refuses (a success's empty error message) or that
+// matches nothing (the key a listing starts after).
 //
 // # MySQL 8 and MariaDB
 //
@@ -310,34 +318,70 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 	return f.rec, true, nil
 }
 
-// Forget judges the lease by the server's clock.
+// Forget judges the lease by the server's clock. It deletes the record
+// as it read it before any lock wait, and only that: a RunOnceTx in flight
+// holds its claim as a row lock, which Forget waits for briefly; if the
+// transaction commits meanwhile, its record has another token, and Forget
+// answers idem.ErrInProgress rather than delete the outcome just recorded.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
-	n, err := retried(ctx, func() (int64, error) {
-		res, err := b.db.ExecContext(ctx, b.q.forget, []byte(key))
-		if lockWaited(err) {
-			// The row is locked by a transaction in flight, a RunOnceTx
-			// whose uncommitted claim it is and which may yet commit its
-			// outcome: not a conflict to retry (%v: not retried()'s).
-			return 0, fmt.Errorf("%w: key %q is held by a transaction in flight (%v)", idem.ErrInProgress, key, err)
+	k := []byte(key)
+	// The record as last committed, by a plain read, which waits for no
+	// lock: what the operator asked to forget.
+	var (
+		token []byte
+		state int64
+	)
+	seen, err := retried(ctx, func() (bool, error) {
+		err := b.db.QueryRowContext(ctx, b.q.look, k).Scan(&token, &state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
 		}
-		if err != nil {
-			return 0, err
-		}
-		return res.RowsAffected()
+		return err == nil, err
 	})
-	if err != nil || n > 0 {
+	if err != nil {
 		return err
 	}
-	exists, err := retried(ctx, func() (exists bool, err error) {
-		return exists, b.db.QueryRowContext(ctx, b.q.exists, []byte(key)).Scan(&exists)
+	if seen {
+		n, err := retried(ctx, func() (int64, error) {
+			res, err := b.db.ExecContext(ctx, b.q.forget, k, token, state)
+			if err != nil {
+				return 0, inFlight(key, err)
+			}
+			return res.RowsAffected()
+		})
+		if err != nil || n > 0 {
+			return err
+		}
+	}
+	// Nothing deleted: the key has no record, or its claim holds, or its
+	// record changed since it was read (a transaction committed it while
+	// the delete waited). The read locks, so it waits for a RunOnceTx's
+	// uncommitted claim too.
+	exists, err := retried(ctx, func() (bool, error) {
+		err := b.db.QueryRowContext(ctx, b.q.exists, k).Scan(new(int))
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+		return err == nil, inFlight(key, err)
 	})
 	if err != nil {
 		return err
 	}
 	if exists {
-		return fmt.Errorf("%w: key %q is claimed and its lease holds", idem.ErrInProgress, key)
+		return fmt.Errorf("%w: key %q is claimed and its lease holds, or a transaction recorded it while Forget waited", idem.ErrInProgress, key)
 	}
 	return nil
+}
+
+// inFlight explains err, a Forget's statement's: one that waited out its
+// lock wait met a row locked by a transaction in flight, a RunOnceTx's
+// uncommitted claim, which may yet commit its outcome: the key is in
+// progress, not a conflict to retry (%v: not retried()'s).
+func inFlight(key string, err error) error {
+	if lockWaited(err) {
+		return fmt.Errorf("%w: key %q is held by a transaction in flight (%v)", idem.ErrInProgress, key, err)
+	}
+	return err
 }
 
 // Sweep judges expiry by the server's clock. It deletes in a READ

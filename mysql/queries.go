@@ -7,10 +7,14 @@ import (
 
 // Every instant is the server's: the statements compute them from
 // UTC_TIMESTAMP(6), which is the same for every session's time_zone and
-// every caller's clock, and constant within one statement; durations come
-// as parameters, in microseconds. DATETIME(6) columns hold UTC and come
-// back as microseconds since the Unix epoch, so that neither the driver's
-// parseTime nor its loc can shift them.
+// every caller's clock, and constant within one statement, or from an
+// instant a statement made so (completeTx: the claim's); durations come
+// as parameters, in microseconds. A session can move UTC_TIMESTAMP (SET
+// timestamp): the backend's own statements run on sessions that have not
+// (RunOnceTx's claim is made before fn runs, on a session reset for it).
+// DATETIME(6) columns hold UTC and come back as microseconds since the
+// Unix epoch, so that neither the driver's parseTime nor its loc can
+// shift them.
 const (
 	serverNow = `UTC_TIMESTAMP(6)`
 	// seen is the state column as the server's clock judges it: a pending
@@ -26,6 +30,12 @@ const (
 		since + `lease_until), value, failed, err_msg, steps, ` + expired
 	since = `TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', ` // + column + ")"
 )
+
+// orEmpty is the SQL for a bytes parameter that may be empty: a server
+// whose sql_mode has EMPTY_STRING_IS_NULL makes an empty string NULL, a
+// parameter too, which a NOT NULL column refuses (1048) and a comparison
+// matches nothing with; it leaves an empty hex literal alone.
+const orEmpty = `COALESCE(?, x'')`
 
 // in is the SQL for the instant a parameter's microseconds after the
 // server's now, or NULL for zero: no lease (INTERVAL NULL is NULL). A
@@ -52,9 +62,9 @@ func briefly(stmt string, mariaDB bool) string {
 
 // queries are the statements, written once for the table's name.
 type queries struct {
-	t                                                                                                   string // the table, quoted
-	claim, insert, get, claimTx, getTx, takeOver, complete, release, renew, forget, exists, sweep, page string
-	lockSteps, setSteps, resume                                                                         string
+	t                                                                                  string // the table, quoted
+	claim, insert, get, claimTx, getTx, takeOver, complete, completeTx, release, renew string
+	look, forget, exists, sweep, page, lockSteps, setSteps, resume                     string
 }
 
 func newQueries(t string, mariaDB bool) queries {
@@ -88,22 +98,35 @@ RETURNING ` + seenColumns + `, CONNECTION_ID()`,
     lease_until = `+in+`, value = NULL, failed = FALSE, err_msg = x'', steps = NULL
 WHERE `+"`key`"+` = ? AND `+expired, mariaDB),
 		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ` + serverNow + ` + INTERVAL ? MICROSECOND, lease_until = NULL,
-    value = ?, failed = ?, err_msg = ?
+    value = ?, failed = ?, err_msg = ` + orEmpty + `
+WHERE ` + "`key`" + ` = ? AND token = ? AND state <> 2`,
+		// Inside RunOnceTx, after fn, on the session fn used, whose clock
+		// fn may have SET (timestamp, which UTC_TIMESTAMP follows): the
+		// expiry is the claim's instant, made before fn ran, plus the
+		// time since, measured by this process, and the TTL.
+		completeTx: `UPDATE ` + t + ` SET state = 2, expires_at = created_at + INTERVAL ? MICROSECOND, lease_until = NULL,
+    value = ?, failed = ?, err_msg = ` + orEmpty + `
 WHERE ` + "`key`" + ` = ? AND token = ? AND state <> 2`,
 		release: `DELETE FROM ` + t + " WHERE `key` = ? AND token = ? AND state <> 2",
 		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + INTERVAL ? MICROSECOND
 WHERE ` + "`key`" + ` = ? AND token = ? AND ` + held,
-		// Forget meets a RunOnceTx's claim as a row lock, and waits for it
-		// briefly: the key is in flight.
-		forget: briefly(`DELETE FROM `+t+" WHERE `key` = ? AND NOT ("+held+`)`, mariaDB),
-		exists: `SELECT EXISTS (SELECT 1 FROM ` + t + " WHERE `key` = ?)",
+		// Forget's first read: the record as last committed, a plain read
+		// that never waits on a row lock.
+		look: `SELECT token, state FROM ` + t + " WHERE `key` = ?",
+		// Forget deletes the record look read, unless its claim holds;
+		// one that meets a RunOnceTx's row lock waits for it briefly, and
+		// finds another token (the transaction's) once it commits.
+		forget: briefly(`DELETE FROM `+t+" WHERE `key` = ? AND token = ? AND state = ? AND NOT ("+held+`)`, mariaDB),
+		// Whether key has a record, read under a shared lock, which waits
+		// briefly for a RunOnceTx's uncommitted claim of it.
+		exists: briefly(`SELECT 1 FROM `+t+" WHERE `key` = ? LOCK IN SHARE MODE", mariaDB),
 		// The index finds the expired records, oldest first. It runs in
 		// a READ COMMITTED transaction (Sweep), so that it locks only the
 		// rows it deletes, not the gaps between index entries, which
 		// under REPEATABLE READ would hold up the claims inserted there
 		// (their expires_at is NULL, next to the swept range).
 		sweep: `DELETE FROM ` + t + ` WHERE state = 2 AND expires_at <= ` + serverNow + ` ORDER BY expires_at LIMIT ?`,
-		page:  `SELECT ` + seenColumns + ` FROM ` + t + " WHERE `key` > ? ORDER BY `key` LIMIT ?",
+		page:  `SELECT ` + seenColumns + ` FROM ` + t + " WHERE `key` > " + orEmpty + " ORDER BY `key` LIMIT ?",
 		// RecordStep's read: the steps of the claim token holds, locked
 		// until its transaction ends, and the server's now for the step.
 		lockSteps: `SELECT steps, ` + since + serverNow + `) FROM ` + t + `

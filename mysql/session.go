@@ -29,14 +29,17 @@ type session struct {
 	spoiled bool
 }
 
-// openSession takes a connection from the pool and turns autocommit off.
+// openSession takes a connection from the pool, turns autocommit off and
+// gives the session the server's clock (timestamp DEFAULT), whatever a
+// user's statement on the shared pool SET: the claim's instant, from
+// which the outcome's expiry runs, is the server's.
 func (b *Backend) openSession(ctx context.Context) (*session, error) {
 	conn, err := b.db.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	s := &session{conn: conn}
-	if _, err := conn.ExecContext(ctx, `SET autocommit = 0`); err != nil {
+	if _, err := conn.ExecContext(ctx, `SET autocommit = 0, timestamp = DEFAULT`); err != nil {
 		s.spoiled = true
 		s.close(ctx, 0)
 		return nil, err

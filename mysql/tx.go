@@ -42,9 +42,13 @@ import (
 // off: a transaction the server ends without fn ending it (InnoDB rolls a
 // deadlock victim back whole, claim included) leaves fn's later statements
 // through tx in a transaction of their own, which is rolled back, never
-// committed one by one without the key. Before the connection goes back
-// to the pool, its transaction is rolled back, autocommit turned on again
-// and the session's timestamp reset, which fn may have SET; a connection whose transaction fn ended
+// committed one by one without the key. fn may SET the session's
+// timestamp (NOW() and UTC_TIMESTAMP() follow it): the outcome's expiry
+// does not, as it runs from the claim's instant, which the server made
+// before fn ran, plus the time fn took, on this process's monotonic
+// clock, plus the TTL. Before the connection goes back to the pool, its
+// transaction is rolled back, autocommit turned on again and the
+// session's timestamp reset; a connection whose transaction fn ended
 // (or LOCK TABLES, which ends it) is closed instead. Other session
 // settings fn changes stay on the pooled connection, as on any *sql.Tx's.
 //
@@ -116,11 +120,16 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	var (
 		tx  *sql.Tx
 		rec found
+		// start is before the claim statement: the claim's instant, the
+		// server's, is after it, and start's monotonic reading measures
+		// at least the time since.
+		start time.Time
 	)
 	// A deadlock rolls the whole transaction back, and a lock wait that
 	// timed out the statement: either way, begin again.
 	_, err = retried(ctx, func() (struct{}, error) {
 		var err error
+		start = time.Now()
 		if tx, err = sess.conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted}); err != nil {
 			return struct{}{}, err
 		}
@@ -135,7 +144,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	}
 	defer sess.rollback(tx) // a no-op once committed
 	if rec.rec.Token == claim.Token {
-		val, err := runTx(context.WithValue(ctx, inTx{}, b.db), store, b, sess, tx, claim, fn)
+		val, err := runTx(context.WithValue(ctx, inTx{}, b.db), store, b, sess, tx, claim, start, fn)
 		return val, err, false
 	}
 	return txrun.Answer(store, rec.rec, fp)
@@ -169,9 +178,16 @@ func claimTx(ctx context.Context, tx *sql.Tx, b *Backend, key, fp, token []byte,
 	return found{}, fmt.Errorf("key %q: claimed and released under this transaction 8 times in a row", key)
 }
 
-// runTx runs fn in a savepoint of tx, which holds the new claim, and commits
-// the outcome, or rolls everything back.
-func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *session, tx *sql.Tx, claim backend.Record, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
+// runTx runs fn in a savepoint of tx, which holds the new claim, made
+// after start, and commits the outcome, or rolls everything back.
+//
+// The outcome's expiry is not the session's now after fn: fn may have SET
+// the session's timestamp, which UTC_TIMESTAMP follows, and a clock set
+// back a TTL would record an outcome expired already, and the next call
+// would run fn again. It is the claim's instant, made by the server
+// before fn ran, plus the time since start on this process's monotonic
+// clock (a duration, which travels), plus the TTL.
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *session, tx *sql.Tx, claim backend.Record, start time.Time, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
 	opts := txrun.Of(store).Options()
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT `+savepoint); err != nil {
 		sess.spoiled = true
@@ -202,7 +218,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *s
 	}
 	// One row, or fn took the claim away (deleted or rewrote its row):
 	// committing then would keep fn's writes without the key.
-	res, cerr := tx.ExecContext(ctx, b.q.complete, micros(opts.TTL), done.Value, done.Failed, []byte(done.ErrMsg), []byte(done.Key), []byte(done.Token))
+	res, cerr := tx.ExecContext(ctx, b.q.completeTx, micros(time.Since(start))+micros(opts.TTL), done.Value, done.Failed, []byte(done.ErrMsg), []byte(done.Key), []byte(done.Token))
 	if cerr == nil {
 		var n int64
 		if n, cerr = res.RowsAffected(); cerr == nil && n != 1 {

@@ -41,6 +41,12 @@
 // the other way round, so stop the replicas of the older version before the
 // newer one writes records.
 //
+// Eviction: a Redis whose maxmemory-policy evicts keys would drop
+// remembered outcomes as if they were cache entries, and a call after an
+// eviction runs its operation again. So claims are refused (ErrEvicting)
+// on such a server unless Options.AllowEviction accepts that cost; see
+// New. The policy the backend needs is noeviction.
+//
 // A full Redis (maxmemory reached under the noeviction policy) refuses a
 // new claim with its OOM error and writes nothing, while replays, reads,
 // listings and Forget go on: the scripts carry no "#!lua flags=" line, so
@@ -84,6 +90,16 @@ import (
 type Options struct {
 	// Prefix starts every Redis key the backend writes. Empty means "idem:".
 	Prefix string
+
+	// AllowEviction lets the backend claim keys on a Redis whose
+	// maxmemory-policy may evict them (anything but noeviction), and so
+	// accepts what that costs: a completed record that Redis evicts is a
+	// forgotten outcome, and the next call with its key runs the
+	// operation again (volatile-* policies evict completed records, which
+	// carry a TTL; allkeys-* ones pending records too, whose duplicates
+	// then run at once). False means a claim on such a Redis is refused
+	// with an error matching ErrEvicting (see New).
+	AllowEviction bool
 }
 
 // Backend is an backend.Backend over Redis. It is safe for concurrent use by
@@ -97,6 +113,9 @@ type Backend struct {
 	legacyIndex string
 	legacyGone  atomic.Bool
 	dials       *dialWatch // a hook on rdb: how its latest dial ended
+	// policy checks, before a claim, that no primary evicts keys; nil
+	// with Options.AllowEviction.
+	policy *policyCheck
 }
 
 var (
@@ -107,6 +126,16 @@ var (
 // New returns a Backend over rdb. The caller keeps ownership of rdb. New
 // adds a hook to rdb (AddHook) that watches its dials, so that a call can
 // tell an unreachable server from a slow one.
+//
+// Unless opts.AllowEviction, claims are refused (ErrEvicting) while a
+// primary's maxmemory-policy is not noeviction: New sends nothing, so the
+// policy is read before the first claim, and again before each claim
+// until every primary is found not to evict (a Cluster's masters, a Ring's
+// shards). It comes from CONFIG GET, or, where a managed Redis refuses
+// CONFIG, from INFO memory; a server that answers neither is taken not to
+// evict. A policy changed to an evicting one after it passed is not seen:
+// the policy is the operator's to keep at noeviction. Reads, Forget and
+// listings never check it: an operator's tool works on any Redis.
 func New(rdb redis.UniversalClient, opts Options) *Backend {
 	prefix := opts.Prefix
 	if prefix == "" {
@@ -114,7 +143,11 @@ func New(rdb redis.UniversalClient, opts Options) *Backend {
 	}
 	dials := new(dialWatch)
 	rdb.AddHook(dials)
-	return &Backend{rdb: rdb, prefix: prefix, legacyIndex: prefix + "expiry", dials: dials}
+	b := &Backend{rdb: rdb, prefix: prefix, legacyIndex: prefix + "expiry", dials: dials}
+	if !opts.AllowEviction {
+		b.policy = new(policyCheck)
+	}
+	return b
 }
 
 func (b *Backend) key(k string) string { return b.prefix + "k:" + k }
@@ -347,6 +380,11 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 }
 
 func (b *Backend) claim(ctx context.Context, rec backend.Record, lease time.Duration) (backend.Record, bool, error) {
+	if b.policy != nil {
+		if err := b.policy.check(ctx, b.rdb); err != nil {
+			return backend.Record{}, false, err // refused: the claim was not sent
+		}
+	}
 	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StatePending})
 	if err != nil {
 		return backend.Record{}, false, err

@@ -1,0 +1,110 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem/backend"
+)
+
+// ErrEvicting is matched by the error of a claim that the backend refused
+// because the Redis server may evict keys: its maxmemory-policy is not
+// noeviction. An evicted completed record is a forgotten outcome, and the
+// next call with its key runs the operation again (allkeys-* policies take
+// any record; volatile-* ones take completed records, which carry a TTL).
+// Set maxmemory-policy noeviction on the server, or Options.AllowEviction
+// to accept that cost.
+var ErrEvicting = errors.New("redis: the server may evict keys (maxmemory-policy is not noeviction), and an evicted outcome would let its operation run again")
+
+// A policyCheck remembers that every primary was found not to evict, so
+// that the policy is read only until it passes.
+type policyCheck struct {
+	passed atomic.Bool
+}
+
+// check returns nil if no primary rdb writes to evicts keys, or if that
+// cannot be told; an error matching ErrEvicting (and backend.ErrRefused)
+// if one does; or the error that kept it from asking. A pass is kept; a
+// refusal is not, so that a claim after the operator changed the policy
+// goes ahead.
+func (p *policyCheck) check(ctx context.Context, rdb redis.UniversalClient) error {
+	if p.passed.Load() {
+		return nil
+	}
+	var mu sync.Mutex
+	var evicting []string
+	err := eachPrimary(ctx, rdb, func(ctx context.Context, node redis.Cmdable, addr string) error {
+		policy, err := evictionPolicy(ctx, node)
+		if err != nil {
+			return err
+		}
+		if policy != "" && policy != "noeviction" {
+			mu.Lock()
+			evicting = append(evicting, fmt.Sprintf("%s has maxmemory-policy %s", addr, policy))
+			mu.Unlock()
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return backend.Refuse(fmt.Errorf("redis: reading the server's maxmemory-policy before the first claim: %w", err))
+	case len(evicting) > 0:
+		return backend.Refuse(fmt.Errorf("%w: %s; set it to noeviction, or Options.AllowEviction to accept that cost", ErrEvicting, strings.Join(evicting, ", ")))
+	}
+	p.passed.Store(true)
+	return nil
+}
+
+// eachPrimary calls fn with every primary rdb writes to: each master of a
+// Cluster, each shard of a Ring, or the one server (a Sentinel client's
+// current primary).
+func eachPrimary(ctx context.Context, rdb redis.UniversalClient, fn func(ctx context.Context, node redis.Cmdable, addr string) error) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return fn(ctx, node, node.Options().Addr) })
+	case *redis.Ring:
+		return c.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error { return fn(ctx, node, node.Options().Addr) })
+	case *redis.Client:
+		return fn(ctx, c, c.Options().Addr)
+	}
+	return fn(ctx, rdb, "the server")
+}
+
+// evictionPolicy returns node's maxmemory-policy: from CONFIG GET, or, on
+// a server that refuses CONFIG (a managed Redis may rename or forbid it),
+// from INFO memory's maxmemory_policy field. It returns "" when the server
+// answers neither: the policy cannot be told, and the claim goes on.
+func evictionPolicy(ctx context.Context, node redis.Cmdable) (string, error) {
+	conf, err := node.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err == nil && conf["maxmemory-policy"] != "" {
+		return conf["maxmemory-policy"], nil
+	}
+	if err != nil && !refusedByServer(err) {
+		return "", err
+	}
+	info, err := node.Info(ctx, "memory").Result()
+	if err != nil {
+		if refusedByServer(err) {
+			return "", nil
+		}
+		return "", err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "maxmemory_policy:"); ok {
+			return v, nil
+		}
+	}
+	return "", nil
+}
+
+// refusedByServer reports whether err is the server's error reply to a
+// command (an unknown or forbidden command), not a failure to reach it.
+func refusedByServer(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && !errors.Is(err, redis.Nil)
+}

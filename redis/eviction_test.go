@@ -1,0 +1,129 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// startRedis starts a redis-server of the test's own on a free loopback
+// port, with no persistence and the given extra arguments, killed when
+// the test ends.
+func startRedis(t *testing.T, args ...string) *redis.Client {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		svctest.Skipf(t, "redis-server is not on PATH: this test starts one of its own")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	dir := t.TempDir()
+	args = append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--logfile", filepath.Join(dir, "log")}, args...)
+	cmd := exec.Command(bin, args...)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	require.Eventually(t, func() bool { return rdb.Ping(ctx).Err() == nil }, 10*time.Second, 10*time.Millisecond, "redis-server did not start")
+	return rdb
+}
+
+// evictingRedis starts a Redis that evicts any key under memory
+// pressure, as a cache is set up.
+func evictingRedis(t *testing.T) *redis.Client {
+	return startRedis(t, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
+}
+
+// A Redis that may evict keys would forget remembered outcomes: a claim
+// on it is refused, with an error that says why and writes nothing, under
+// every evicting policy; once the operator sets noeviction, claims go on.
+func TestEvictingRedisRefusesClaims(t *testing.T) {
+	rdb := evictingRedis(t)
+	ctx := context.Background()
+	b := New(rdb, Options{})
+	for _, policy := range []string{"allkeys-lru", "volatile-lru", "allkeys-random", "volatile-ttl"} {
+		require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", policy).Err())
+		_, won, err := b.Claim(ctx, backend.Record{Key: "k", Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+		require.ErrorIs(t, err, ErrEvicting, "a claim on a Redis with maxmemory-policy %s", policy)
+		assert.ErrorIs(t, err, backend.ErrRefused, "nothing was sent")
+		assert.ErrorContains(t, err, policy)
+		assert.False(t, won)
+		n, err := rdb.DBSize(ctx).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "a refused claim wrote to Redis")
+	}
+
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	_, won, err := b.Claim(ctx, backend.Record{Key: "k", Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+	require.NoError(t, err, "a claim once the policy is noeviction")
+	assert.True(t, won)
+}
+
+// Options.AllowEviction accepts the cost: claims go on an evicting Redis.
+func TestAllowEvictionClaims(t *testing.T) {
+	rdb := evictingRedis(t)
+	b := New(rdb, Options{AllowEviction: true})
+	_, won, err := b.Claim(context.Background(), backend.Record{Key: "k", Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+	require.NoError(t, err)
+	assert.True(t, won)
+}
+
+// A managed Redis may refuse CONFIG: the policy is read from INFO memory.
+func TestEvictionPolicyFromInfo(t *testing.T) {
+	rdb := startRedis(t, "--maxmemory", "2mb", "--maxmemory-policy", "volatile-lru", "--rename-command", "CONFIG", "")
+	ctx := context.Background()
+	require.Error(t, rdb.ConfigGet(ctx, "maxmemory-policy").Err(), "CONFIG is still allowed")
+	_, _, err := New(rdb, Options{}).Claim(ctx, backend.Record{Key: "k", Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+	require.ErrorIs(t, err, ErrEvicting)
+	assert.ErrorContains(t, err, "volatile-lru")
+}
+
+// The operator-settings conformance checks on an evicting Redis: with its
+// default options the backend never lets an eviction run an operation
+// twice.
+func TestOperatorSettings(t *testing.T) {
+	idemtest.RunOperator(t, idemtest.Operator{
+		Evicting: func(t *testing.T) backend.Backend { return New(evictingRedis(t), Options{}) },
+		Evict:    evict,
+	})
+}
+
+// evict writes to b's Redis until it has evicted key's record, or fails
+// the test.
+func evict(t *testing.T, b backend.Backend, key string) {
+	t.Helper()
+	be := b.(*Backend)
+	ctx := context.Background()
+	filler := strings.Repeat("x", 16<<10)
+	for round := range 200 { // 200 rounds of 1 MiB against a maxmemory of 2 MiB
+		n, err := be.rdb.Exists(ctx, be.key(key)).Result() // EXISTS does not touch the key's LRU clock
+		require.NoError(t, err)
+		if n == 0 {
+			return
+		}
+		_, err = be.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := range 64 {
+				p.Set(ctx, fmt.Sprintf("filler:%d:%d", round, i), filler, 0)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	t.Fatalf("Redis never evicted %q", key)
+}

@@ -293,14 +293,33 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		return backend.Record{}, false, backend.Refuse(errNested)
 	}
 	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease), b.ttl.Load()}
+	// A claim that waits on the row of a transaction still open (a
+	// RunOnceTx) waits until it ends or ctx does, whatever the server's
+	// statement_timeout or lock_timeout (awaited).
+	c, err := awaited(ctx, func() (found, error) {
+		rec, won, err := b.claim(ctx, args)
+		return found{rec, won}, err
+	})
+	if answered(err) {
+		// The server refused the statement, which it ran alone: it wrote
+		// nothing, and the Store need not read the key back.
+		return backend.Record{}, false, backend.Refuse(err)
+	}
+	return c.rec, c.ok, err
+}
+
+// A found is a record and whether it was found (Get) or won (Claim).
+type found struct {
+	rec backend.Record
+	ok  bool
+}
+
+// claim claims the key args name, or returns the record that stands.
+func (b *Backend) claim(ctx context.Context, args []any) (backend.Record, bool, error) {
 	for {
 		var won, expired bool
 		got, found, err := b.queryOne(ctx, b.q.claim, args, &won, &expired)
 		switch {
-		case answered(err):
-			// The server refused the statement, which it ran alone: it
-			// wrote nothing, and the Store need not read the key back.
-			return backend.Record{}, false, backend.Refuse(err)
 		case err != nil:
 			return backend.Record{}, false, err
 		case found && !expired:
@@ -355,9 +374,15 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 	return b.queryOne(ctx, b.q.get, []any{key})
 }
 
-// Forget judges the lease by the server's clock.
+// Forget judges the lease by the server's clock. A key whose row a
+// transaction still open holds (a RunOnceTx taking over an expired
+// record) is refused with an error matching idem.ErrInProgress if the
+// server's statement_timeout or lock_timeout cuts the wait for it short.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
 	tag, err := b.exec(ctx, b.q.forget, key)
+	if waitedOut(ctx, err) {
+		return fmt.Errorf("%w: key %q is held by a transaction still open (%w)", idem.ErrInProgress, key, err)
+	}
 	if err != nil || tag.RowsAffected() > 0 {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 )
 
@@ -28,15 +29,65 @@ func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 		if !conflicted(err) {
 			return v, explained(err)
 		}
-		wait := time.Millisecond << min(attempt, 6)
-		t := time.NewTimer(wait/2 + rand.N(wait))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pause(ctx, attempt) {
 			return v, fmt.Errorf("%w (sent %d times, until: %w)", err, attempt+1, context.Cause(ctx))
-		case <-t.C:
 		}
 	}
+}
+
+// pause waits before attempt+1 of a statement: from 1 ms, doubling to
+// 64 ms, with jitter. It returns false, at once, if ctx ends first.
+func pause(ctx context.Context, attempt int) bool {
+	wait := time.Millisecond << min(attempt, 6)
+	t := time.NewTimer(wait/2 + rand.N(wait))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// awaited runs claim, which claims a key and may wait on its row, held by
+// a transaction still open (a RunOnceTx elsewhere, running its fn, or
+// taking the row over), and runs it again while the server cuts that wait
+// short (waitedOut), until ctx ends: the key is in flight, and its
+// duplicate waits for the transaction to end, as it does on a server
+// without such a limit. claim must leave nothing behind when it fails
+// (a statement sent alone, or a transaction of its own rolled back).
+//
+// A claim still cut short when ctx ends is refused (backend.ErrRefused:
+// the server rolled it back) with an error that matches
+// idem.ErrInProgress, the server's error and ctx's.
+func awaited[T any](ctx context.Context, claim func() (T, error)) (T, error) {
+	for attempt := 0; ; attempt++ {
+		v, err := claim()
+		if !waitedOut(ctx, err) {
+			return v, err
+		}
+		if testHookWaitedOut != nil {
+			testHookWaitedOut()
+		}
+		if !pause(ctx, attempt) {
+			return v, backend.Refuse(fmt.Errorf("%w: its row is held by a transaction still open: the server cut the wait short %d times (%w), until: %w",
+				idem.ErrInProgress, attempt+1, err, context.Cause(ctx)))
+		}
+	}
+}
+
+// waitedOut reports whether err is the server's end of a statement that
+// waited longer than its operator allows, while ctx still lives: a
+// statement_timeout (57014) or a lock_timeout (55P03), set for the role,
+// the database or the server. A cancellation of our own, when ctx ends,
+// also reads 57014: ctx tells them apart. The statement took no effect
+// (it is rolled back, and with it any transaction it was in).
+func waitedOut(ctx context.Context, err error) bool {
+	if err == nil {
+		return false // before pe, which escapes: no allocation on success
+	}
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "57014" || pe.Code == "55P03") && ctx.Err() == nil
 }
 
 // conflicted reports whether err is PostgreSQL's answer to a statement
@@ -53,10 +104,6 @@ func conflicted(err error) bool {
 // queryOne runs a query that returns at most one record, after any
 // leading columns given as extra destinations, retried on a conflict.
 func (b *Backend) queryOne(ctx context.Context, sql string, args []any, extra ...any) (backend.Record, bool, error) {
-	type found struct {
-		rec backend.Record
-		ok  bool
-	}
 	f, err := retried(ctx, func() (found, error) {
 		rows, err := b.pool.Query(ctx, sql, args...)
 		if err != nil {
@@ -105,3 +152,7 @@ func answered(err error) bool {
 	}
 	return pe.Code == "25006" || pe.Code == "55P03"
 }
+
+// testHookWaitedOut, if set, runs each time awaited finds a claim cut
+// short by the server's wait limit.
+var testHookWaitedOut func()

@@ -23,7 +23,11 @@ import (
 // A duplicate in this process waits for the first call's outcome, as with
 // RunOnce (txrun.Local.BeginLocal); one in another process blocks on the
 // table's primary key until the first transaction ends, then replays its
-// outcome, or runs fn itself if the first rolled back. A key reused with
+// outcome, or runs fn itself if the first rolled back. A server whose
+// statement_timeout or lock_timeout cuts that wait short does not end it:
+// the claim is sent again, in a new transaction, for as long as the
+// duplicate's execution may last (the store's ExecutionTimeout), while its
+// caller waits under its own ctx, as below. A key reused with
 // another payload is idem.ErrPayloadMismatch; a key held by an ordinary,
 // non-transactional RunOnce elsewhere is idem.ErrInProgress or, if its lease
 // lapsed, idem.ErrOutcomeUnknown.
@@ -81,14 +85,6 @@ type inTx struct{}
 // (replayed, for a recorded outcome).
 func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key string, fp idem.Fingerprint, fn func(context.Context, pgx.Tx) (R, error)) (_ R, _ error, replayed bool) {
 	var zero R
-	// Read committed, whatever the server's default: a duplicate must see
-	// the row the first transaction committed once it stops waiting on it.
-	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return zero, &idem.BackendError{Op: "claim", Err: err}, false
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
-
 	// The claim's lease has lapsed already (lease -1: lease_until is the
 	// claim's own instant): the claim is never seen outside this
 	// transaction, which commits it with its outcome or not at all; were it
@@ -99,15 +95,45 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	ttl := txrun.Of(store).Options().TTL
 	b.learn(ttl)
 	args := []any{key, fp[:], claim.Token, -1, micros(ttl)}
-	rec, won, err := claimTx(ctx, tx, b, key, args)
-	switch {
-	case err != nil:
+	// A duplicate waits on the row of the transaction that holds the key
+	// until that transaction ends, however often the server's
+	// statement_timeout or lock_timeout cuts the wait short: each time, in
+	// a transaction afresh (awaited).
+	c, err := awaited(ctx, func() (claimedTx, error) { return beginClaim(ctx, b, key, args) })
+	if err != nil {
 		return zero, &idem.BackendError{Op: "claim", Err: err}, false
-	case won:
-		val, err := runTx(ctx, store, b, tx, claim, fn)
+	}
+	defer c.tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
+	if c.won {
+		val, err := runTx(ctx, store, b, c.tx, claim, fn)
 		return val, err, false
 	}
-	return txrun.Answer(store, rec, fp)
+	return txrun.Answer(store, c.rec, fp)
+}
+
+// A claimedTx is a transaction that holds a claim, or the record that
+// stood.
+type claimedTx struct {
+	tx  pgx.Tx
+	rec backend.Record
+	won bool
+}
+
+// beginClaim begins a transaction and claims key in it (claimTx). If the
+// claim fails, the transaction is rolled back.
+func beginClaim(ctx context.Context, b *Backend, key string, args []any) (claimedTx, error) {
+	// Read committed, whatever the server's default: a duplicate must see
+	// the row the first transaction committed once it stops waiting on it.
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return claimedTx{}, err
+	}
+	rec, won, err := claimTx(ctx, tx, b, key, args)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return claimedTx{}, err
+	}
+	return claimedTx{tx, rec, won}, nil
 }
 
 // testHookBeforeTakeover, if set, runs between finding an expired record and

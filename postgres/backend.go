@@ -23,6 +23,14 @@
 // sent again, so callers never see one. Transactions the backend opens
 // itself (RecordStep, RunOnceTx) are READ COMMITTED.
 //
+// Wait limits: a statement_timeout or lock_timeout that an operator sets
+// for the role, the database or the server ends a claim that waits on a
+// row a transaction still holds (a RunOnceTx running its fn). The backend
+// sends that claim again until the transaction ends or the caller's ctx
+// does, so a duplicate waits as it would on a server without a limit; a
+// Forget so cut short is refused as in progress. Other statements that
+// outlast the limit fail with the server's error.
+//
 // New creates the table under an advisory lock, so any number of replicas
 // may start at once.
 //

@@ -10,6 +10,11 @@
 // Run idem help for the whole text, flags and exit codes included. A bolt
 // file must not be open in a running service: bbolt allows one writer at a
 // time, and idem fails after a second rather than wait.
+//
+// On a shared backend (PostgreSQL, MySQL, Redis) the commands judge leases,
+// ages and expiries by the server's clock, read as they start, as the
+// backend does: the operator's host may run ahead or behind. A file's
+// records are judged by this host's clock.
 package main
 
 import (
@@ -199,12 +204,21 @@ func misuse(stderr io.Writer, cmd, reason string) int {
 
 func command(ctx context.Context, cmd, where, key string, set settings, w io.Writer, now time.Time) error {
 	readOnly := cmd == "inspect" || cmd == "show" || cmd == "check"
-	b, closeTarget, err := openTarget(ctx, where, set.name, readOnly, w)
+	b, serverNow, closeTarget, err := openTarget(ctx, where, set.name, readOnly, w)
 	if err != nil {
 		return err
 	}
 	defer closeTarget()
-	t := &tool{b: b, where: where, name: set.name, w: w, now: now, json: set.json, scoped: set.scoped}
+	t := &tool{b: b, where: where, name: set.name, w: w, now: now, clock: "this host's clock", json: set.json, scoped: set.scoped}
+	if serverNow != nil {
+		// A shared backend's leases and expiries are the server's to
+		// judge: a host whose clock runs ahead would call a live lease
+		// lapsed, and tell the operator to forget a key in flight.
+		if t.now, err = serverNow(ctx); err != nil {
+			return fmt.Errorf("reading the server's clock: %w", err)
+		}
+		t.clock = "the server's clock"
+	}
 	switch cmd {
 	case "inspect":
 		err = t.inspect(ctx, set.state)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/seed094d4201/idem/mysql"
@@ -43,26 +44,37 @@ func mysqlConfig(where string) (*gomysql.Config, error) {
 }
 
 // openMySQL opens the table name (default idem_keys) at where, a mysql://
-// URL; the table must exist.
-func openMySQL(ctx context.Context, where, name string) (target, func(), error) {
+// URL; the table must exist. It returns the server's clock too.
+func openMySQL(ctx context.Context, where, name string) (target, clock, func(), error) {
 	cfg, err := mysqlConfig(where)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	connector, err := gomysql.NewConnector(cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", display(where), err)
+		return nil, nil, nil, fmt.Errorf("%s: %w", display(where), err)
 	}
 	db := sql.OpenDB(connector)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		return nil, nil, fmt.Errorf("cannot reach MySQL at %s: %w", cfg.Addr, err)
+		return nil, nil, nil, fmt.Errorf("cannot reach MySQL at %s: %w", cfg.Addr, err)
 	}
 	// NoMigrate: an operator's tool never creates tables.
 	b, err := mysql.New(ctx, db, mysql.Options{Table: name, NoMigrate: true})
 	if err != nil {
 		db.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return b, func() { db.Close() }, nil
+	return b, mysqlNow(db), func() { db.Close() }, nil
+}
+
+// mysqlNow is the clock of db's server: microseconds since 1970 by its
+// NOW(6), whatever the session's time_zone or the driver's parseTime
+// and loc.
+func mysqlNow(db *sql.DB) clock {
+	return func(ctx context.Context) (time.Time, error) {
+		var us int64
+		err := db.QueryRowContext(ctx, `SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)`).Scan(&us)
+		return time.UnixMicro(us), err
+	}
 }

@@ -31,38 +31,48 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
+// A clock reads the time of a shared backend's server, which judges its
+// leases and expiries (PostgreSQL's clock_timestamp(), MySQL's NOW(6),
+// Redis's TIME): the host that runs the command may be off.
+type clock func(context.Context) (time.Time, error)
+
 // openTarget opens where: a postgres:// or postgresql:// DSN, a mysql://
 // URL, a redis:// URL, sqlite:PATH for a SQLite file, or else a bolt file, read-only if readOnly. name is the table
 // (postgres, mysql, sqlite) or key prefix (redis); empty means the backend's default. It
-// returns a func that closes what it opened. ctx bounds the connection.
-func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Writer) (target, func(), error) {
+// returns the server's clock for a shared backend (nil for a file, which
+// this host's clock judges), and a func that closes what it opened. ctx
+// bounds the connection.
+func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Writer) (target, clock, func(), error) {
 	switch {
 	case strings.HasPrefix(where, "postgres://"), strings.HasPrefix(where, "postgresql://"):
 		cfg, err := pgxpool.ParseConfig(where)
 		if err != nil { // pgx's message quotes the DSN, password and all
-			return nil, nil, fmt.Errorf("%s: not a DSN pgx can parse", display(where))
+			return nil, nil, nil, fmt.Errorf("%s: not a DSN pgx can parse", display(where))
 		}
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", display(where), err)
+			return nil, nil, nil, fmt.Errorf("%s: %w", display(where), err)
 		}
 		if err := pool.Ping(ctx); err != nil {
 			pool.Close()
-			return nil, nil, fmt.Errorf("cannot reach PostgreSQL at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+			return nil, nil, nil, fmt.Errorf("cannot reach PostgreSQL at %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 		}
 		// NoMigrate: an operator's tool never creates tables.
 		b, err := postgres.New(ctx, pool, postgres.Options{Table: name, NoMigrate: true})
 		if err != nil {
 			pool.Close()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return b, pool.Close, nil
+		now := func(ctx context.Context) (t time.Time, err error) {
+			return t, pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t)
+		}
+		return b, now, pool.Close, nil
 	case strings.HasPrefix(where, "mysql://"):
 		return openMySQL(ctx, where, name)
 	case strings.HasPrefix(where, "redis://"), strings.HasPrefix(where, "rediss://"):
 		opts, err := goredis.ParseURL(where)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: not a Redis URL: %w", display(where), err)
+			return nil, nil, nil, fmt.Errorf("%s: not a Redis URL: %w", display(where), err)
 		}
 		goredis.SetLogger(quiet{})
 		opts.MaxRetries = -1              // one try per call: the command bounds its own time
@@ -73,30 +83,32 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 		rdb := goredis.NewClient(opts)
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			rdb.Close()
-			return nil, nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
+			return nil, nil, nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
 		}
-		return redis.New(rdb, redis.Options{Prefix: name}), func() { rdb.Close() }, nil
+		now := func(ctx context.Context) (time.Time, error) { return rdb.Time(ctx).Result() }
+		return redis.New(rdb, redis.Options{Prefix: name}), now, func() { rdb.Close() }, nil
 	}
 	if path, ok := strings.CutPrefix(where, "sqlite:"); ok {
-		return openSQLite(ctx, path, name, readOnly)
+		b, closeDB, err := openSQLite(ctx, path, name, readOnly)
+		return b, nil, closeDB, err
 	}
 	// bolt.Open would create a missing file; an operator means an existing one.
 	if _, err := os.Stat(where); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	// An operator's tool reads the whole file first, however it was closed:
 	// it is what is run on a file someone doubts.
 	b, err := bolt.Open(where, &bolt.Options{ReadOnly: readOnly, Check: bolt.CheckAlways})
 	if errors.Is(err, bolt.ErrLocked) {
-		return nil, nil, fmt.Errorf("%w (is the service that uses it still running?)", err)
+		return nil, nil, nil, fmt.Errorf("%w (is the service that uses it still running?)", err)
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if n := b.Interrupted(); n > 0 {
 		fmt.Fprintf(w, "note: %d key(s) were left in flight by a process that stopped; they are now interrupted\n", n)
 	}
-	return b, func() { b.Close() }, nil
+	return b, nil, func() { b.Close() }, nil
 }
 
 // openSQLite opens the SQLite file at path, which must exist, read-only if

@@ -22,7 +22,10 @@ type tool struct {
 	where string // as given, for messages that name the next command
 	name  string // -name, if given
 	w     io.Writer
+	// now is the instant the records are judged at: the server's for a
+	// shared backend, else this host's; clock names it, for messages.
 	now   time.Time
+	clock string
 	json  bool
 	// scoped: KEY was given with -scope, as idemhttp and idemgrpc store it.
 	scoped bool
@@ -240,8 +243,8 @@ func (t *tool) inFlight(ctx context.Context, rec backend.Record) error {
 	if rec.LeaseUntil.IsZero() {
 		return fmt.Errorf("key %q is in flight: its owner has not recorded an outcome yet", rec.Key)
 	}
-	return fmt.Errorf("key %q is in flight: its owner's lease holds until %s (in %s by this host's clock); if the owner is gone, try again after that",
-		rec.Key, rec.LeaseUntil.UTC().Format(time.RFC3339), rec.LeaseUntil.Sub(t.now).Round(time.Second))
+	return fmt.Errorf("key %q is in flight: its owner's lease holds until %s (in %s by %s); if the owner is gone, try again after that",
+		rec.Key, rec.LeaseUntil.UTC().Format(time.RFC3339), rec.LeaseUntil.Sub(t.now).Round(time.Second), t.clock)
 }
 
 // check reads every record, which decodes each; a bolt file's structure

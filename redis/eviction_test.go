@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,4 +127,35 @@ func evict(t *testing.T, b backend.Backend, key string) {
 		require.NoError(t, err)
 	}
 	t.Fatalf("Redis never evicted %q", key)
+}
+
+// On a Cluster every primary is asked: one master that evicts is enough
+// for a claim to be refused, whichever node the key lives on.
+func TestEvictingClusterPrimaryRefusesClaims(t *testing.T) {
+	rdb := testClusterClient(t).(*redis.ClusterClient)
+	ctx := context.Background()
+	var evicting string
+	require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		return node.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err()
+	}))
+	var once sync.Once
+	require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) (err error) {
+		once.Do(func() {
+			evicting = node.Options().Addr
+			err = node.ConfigSet(ctx, "maxmemory-policy", "volatile-lfu").Err()
+		})
+		return err
+	}))
+	t.Cleanup(func() {
+		_ = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return node.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err()
+		})
+	})
+
+	b := testClusterBackend(t, rdb)
+	for _, key := range []string{"a", "b", "c", "d", "e"} { // on more than one node
+		_, _, err := b.Claim(ctx, backend.Record{Key: key, Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+		require.ErrorIs(t, err, ErrEvicting, "key %q", key)
+		assert.ErrorContains(t, err, evicting+" has maxmemory-policy volatile-lfu")
+	}
 }

@@ -97,6 +97,9 @@ type Backend struct {
 	// Close may stamp it clean (clean.go); not with CheckNever.
 	verified bool
 	file     *os.File // the descriptor bbolt holds the file open with
+	// guard, if not nil, checks the pages of idem's buckets before bbolt
+	// reads them: Open did not check them all (guard.go).
+	guard *guard
 
 	mu     sync.RWMutex
 	closed bool          // guarded by mu
@@ -120,11 +123,11 @@ func Open(path string, opts *Options) (*Backend, error) {
 	if o.ReadOnly {
 		return openReadOnly(path, o)
 	}
-	db, file, err := openChecked(path, o)
+	db, file, g, err := openChecked(path, o)
 	if err != nil {
 		return nil, err
 	}
-	n, err := initialize(db)
+	n, err := initialize(db, g)
 	if errors.Is(err, berrors.ErrIncompatibleValue) { // a bucket where a value belongs, or the reverse
 		err = fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
@@ -136,6 +139,7 @@ func Open(path string, opts *Options) (*Backend, error) {
 		db:          db,
 		file:        file,
 		verified:    o.Check != CheckNever,
+		guard:       g,
 		interrupted: n,
 		reqs:        make(chan *request, o.MaxBatch),
 		exited:      make(chan struct{}),
@@ -147,33 +151,34 @@ func Open(path string, opts *Options) (*Backend, error) {
 // openChecked checks the file as o.Check says, opening it with bbolt once
 // the pages bbolt reads at once have passed. The check runs under the
 // file's lock (holdLock); if another process wrote the file between the
-// check and bbolt's taking of the lock, it checks again.
-func openChecked(path string, o Options) (*bbolt.DB, *os.File, error) {
+// check and bbolt's taking of the lock, it checks again. It returns a
+// guard for the pages it left unchecked, if it left any.
+func openChecked(path string, o Options) (*bbolt.DB, *os.File, *guard, error) {
 	for attempt := 0; ; attempt++ {
-		db, file, changed, err := openCheckedOnce(path, o)
+		db, file, g, changed, err := openCheckedOnce(path, o)
 		if !changed || err != nil {
-			return db, file, err
+			return db, file, g, err
 		}
 		db.Close()
 		if attempt == 2 {
-			return nil, nil, fmt.Errorf("%w: %s: another process wrote or replaced the file each time it was checked", ErrLocked, path)
+			return nil, nil, nil, fmt.Errorf("%w: %s: another process wrote or replaced the file each time it was checked", ErrLocked, path)
 		}
 	}
 }
 
 // openCheckedOnce is one attempt of openChecked; changed reports that the
 // file's newest transaction was not the one checked.
-func openCheckedOnce(path string, o Options) (db *bbolt.DB, file *os.File, changed bool, err error) {
+func openCheckedOnce(path string, o Options) (db *bbolt.DB, file *os.File, g *guard, changed bool, err error) {
 	first := scopeOpen
 	if o.Check == CheckNever {
-		first = scopeMeta
+		first = scopeReads
 	}
 	if o.Check == CheckAlways {
 		first = scopeAll
 	}
 	locked, err := holdLock(path, o.ReadOnly, o.LockTimeout)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, nil, false, err
 	}
 	var m meta
 	var checked bool
@@ -185,7 +190,7 @@ func openCheckedOnce(path string, o Options) (db *bbolt.DB, file *os.File, chang
 		}
 		locked.Close() // drops the lock, for bbolt to take
 		if err != nil {
-			return nil, nil, false, err
+			return nil, nil, nil, false, err
 		}
 	}
 	if testHookAfterCheck != nil {
@@ -193,11 +198,11 @@ func openCheckedOnce(path string, o Options) (db *bbolt.DB, file *os.File, chang
 	}
 	db, file, err = openDB(path, o)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, nil, false, err
 	}
-	fail := func(err error) (*bbolt.DB, *os.File, bool, error) {
+	fail := func(err error) (*bbolt.DB, *os.File, *guard, bool, error) {
 		db.Close()
-		return nil, nil, false, err
+		return nil, nil, nil, false, err
 	}
 	// bbolt must have opened the file checked, as it was: not one renamed
 	// over it, nor one another process wrote in between. A file that was
@@ -213,14 +218,11 @@ func openCheckedOnce(path string, o Options) (db *bbolt.DB, file *os.File, chang
 	}
 	switch {
 	case m.pgid == 0 && size > int64(4*db.Info().PageSize): // more than bbolt's first four pages
-		return db, file, true, nil
+		return db, file, nil, true, nil
 	case m.pgid != 0 && (txid != m.txid || !os.SameFile(before, now)):
-		return db, file, true, nil
+		return db, file, nil, true, nil
 	}
-	if o.Check == CheckNever {
-		return db, file, false, nil
-	}
-	if !checked { // a clean stop's file
+	if !checked && o.Check != CheckNever { // a clean stop's file
 		none, err := nothingPending(db)
 		if err != nil {
 			return fail(fmt.Errorf("bolt: %s: %w", path, err))
@@ -241,7 +243,10 @@ func openCheckedOnce(path string, o Options) (db *bbolt.DB, file *os.File, chang
 			return fail(fmt.Errorf("bolt: %s: %w", path, err))
 		}
 	}
-	return db, file, false, nil
+	if !checked && m.pgid != 0 { // a new file's pages are all bbolt's
+		g = newGuard(file, uint64(db.Info().PageSize), m.pgid)
+	}
+	return db, file, g, false, nil
 }
 
 // openDB opens the file with bbolt, and returns the *os.File bbolt reads
@@ -297,7 +302,7 @@ func openReadOnly(path string, o Options) (*Backend, error) {
 	case fi.Size() == 0:
 		return nil, fmt.Errorf("%w: %s is empty", ErrNotIdem, path)
 	}
-	db, _, err := openChecked(path, o)
+	db, file, g, err := openChecked(path, o)
 	if err != nil {
 		return nil, err
 	}
@@ -320,13 +325,13 @@ func openReadOnly(path string, o Options) (*Backend, error) {
 		db.Close()
 		return nil, fmt.Errorf("bolt: %s: %w", path, err)
 	}
-	return &Backend{db: db, readOnly: true}, nil
+	return &Backend{db: db, file: file, guard: g, readOnly: true}, nil
 }
 
 // initialize makes the buckets of a new file, checks an old one is idem's,
 // and marks the claims an earlier process left pending as interrupted,
-// returning how many it marked.
-func initialize(db *bbolt.DB) (interrupted int, err error) {
+// returning how many it marked. g is Open's guard, if any.
+func initialize(db *bbolt.DB, g *guard) (interrupted int, err error) {
 	err = update(db, func(tx *bbolt.Tx) error {
 		if meta := tx.Bucket(bucketMeta); meta == nil {
 			if k, _ := tx.Cursor().First(); k != nil {
@@ -350,7 +355,9 @@ func initialize(db *bbolt.DB) (interrupted int, err error) {
 				return err
 			}
 		}
-		pending, records := tx.Bucket(bucketPending), tx.Bucket(bucketRecords)
+		// The pending bucket's pages were checked by Open, whatever its
+		// Check; the records bucket's are guarded.
+		pending, records := tx.Bucket(bucketPending), guardedBucket(tx, bucketRecords, g)
 		var keys [][]byte
 		w := newWalk(tx, bucketPending)
 		if err := pending.ForEach(func(k, _ []byte) error {
@@ -366,7 +373,11 @@ func initialize(db *bbolt.DB) (interrupted int, err error) {
 			if len(pk) > 8 {
 				// A record that cannot be read is left as it is, for the
 				// operator to forget; one that is not pending is settled.
-				rec, err := decode(pk[8:], records.Get(pk[8:]))
+				v, err := records.Get(pk[8:])
+				if err != nil {
+					return err
+				}
+				rec, err := decode(pk[8:], v)
 				if err == nil && rec.State == backend.StatePending {
 					rec.State = backend.StateInterrupted
 					if err := put(records, rec); err != nil {
@@ -470,8 +481,12 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 	var found backend.Record
 	won := false
 	err = b.write(ctx, func(tx *bbolt.Tx) error {
-		records := tx.Bucket(bucketRecords)
-		if v := records.Get(key); v != nil {
+		records := b.bucket(tx, bucketRecords)
+		v, err := records.Get(key)
+		if err != nil {
+			return backend.Refuse(err)
+		}
+		if v != nil {
 			old, err := decode(key, v)
 			if err != nil {
 				return backend.Refuse(err)
@@ -480,7 +495,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 				found, won = seen, false
 				return nil
 			}
-			if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
+			if err := b.bucket(tx, bucketExpiry).Delete(expiryKey(old)); err != nil {
 				return err
 			}
 		}
@@ -488,7 +503,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 			return err
 		}
 		found, won = rec, true
-		return tx.Bucket(bucketPending).Put(pendingKey(rec), nil)
+		return b.bucket(tx, bucketPending).Put(pendingKey(rec), nil)
 	})
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// write looks at ctx only before it sends the request.
@@ -506,7 +521,7 @@ func (b *Backend) Complete(ctx context.Context, rec backend.Record, now time.Tim
 	}
 	key := []byte(rec.Key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
-		records := tx.Bucket(bucketRecords)
+		records := b.bucket(tx, bucketRecords)
 		claim, err := checkOwner(records, key, rec.Token)
 		if err != nil {
 			return err
@@ -525,17 +540,17 @@ func (b *Backend) Complete(ctx context.Context, rec backend.Record, now time.Tim
 		if err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketPending).Delete(pendingKey(claim)); err != nil {
+		if err := b.bucket(tx, bucketPending).Delete(pendingKey(claim)); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketExpiry).Put(expiryKey(done), nil)
+		return b.bucket(tx, bucketExpiry).Put(expiryKey(done), nil)
 	})
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
-		records := tx.Bucket(bucketRecords)
+		records := b.bucket(tx, bucketRecords)
 		claim, err := checkOwner(records, k, token)
 		if err != nil {
 			return err
@@ -543,14 +558,17 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 		if err := records.Delete(k); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketPending).Delete(pendingKey(claim))
+		return b.bucket(tx, bucketPending).Delete(pendingKey(claim))
 	})
 }
 
 // checkOwner returns key's record if it is an unsettled claim held by token,
 // and an error matching backend.ErrNotOwner otherwise.
-func checkOwner(records *bbolt.Bucket, key []byte, token string) (backend.Record, error) {
-	v := records.Get(key)
+func checkOwner(records bucket, key []byte, token string) (backend.Record, error) {
+	v, err := records.Get(key)
+	if err != nil {
+		return backend.Record{}, err
+	}
 	if v == nil {
 		return backend.Record{}, fmt.Errorf("%w: key %q has no record", backend.ErrNotOwner, key)
 	}
@@ -566,7 +584,7 @@ func checkOwner(records *bbolt.Bucket, key []byte, token string) (backend.Record
 
 // checkLiveOwner is checkOwner for a write that only a live claim may
 // make: the claim must still be pending, its lease unlapsed at now.
-func checkLiveOwner(records *bbolt.Bucket, key []byte, token string, now time.Time) (backend.Record, error) {
+func checkLiveOwner(records bucket, key []byte, token string, now time.Time) (backend.Record, error) {
 	claim, err := checkOwner(records, key, token)
 	if err != nil {
 		return backend.Record{}, err
@@ -581,11 +599,10 @@ func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.R
 	var rec backend.Record
 	found := false
 	err := b.read(ctx, func(tx *bbolt.Tx) error {
-		v := tx.Bucket(bucketRecords).Get([]byte(key))
-		if v == nil {
-			return nil
+		v, err := b.bucket(tx, bucketRecords).Get([]byte(key))
+		if err != nil || v == nil {
+			return err
 		}
-		var err error
 		if rec, err = decode([]byte(key), v); err != nil {
 			return err
 		}
@@ -608,7 +625,7 @@ func (b *Backend) seen(rec backend.Record) backend.Record {
 func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
-		records := tx.Bucket(bucketRecords)
+		records := b.bucket(tx, bucketRecords)
 		claim, err := checkLiveOwner(records, k, token, now)
 		if err != nil {
 			return err
@@ -621,10 +638,10 @@ func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, l
 func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
-		records := tx.Bucket(bucketRecords)
-		v := records.Get(k)
-		if v == nil {
-			return nil
+		records := b.bucket(tx, bucketRecords)
+		v, err := records.Get(k)
+		if err != nil || v == nil {
+			return err
 		}
 		old, err := decode(k, v)
 		if err != nil {
@@ -634,11 +651,11 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 		case old.State == backend.StatePending && !old.Lapsed(now):
 			return fmt.Errorf("%w: key %q is claimed and not yet settled", idem.ErrInProgress, key)
 		case old.State == backend.StatePending:
-			if err := tx.Bucket(bucketPending).Delete(pendingKey(old)); err != nil {
+			if err := b.bucket(tx, bucketPending).Delete(pendingKey(old)); err != nil {
 				return err
 			}
 		case old.State == backend.StateCompleted:
-			if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
+			if err := b.bucket(tx, bucketExpiry).Delete(expiryKey(old)); err != nil {
 				return err
 			}
 		}
@@ -672,16 +689,25 @@ func (b *Backend) sweepChunk(ctx context.Context, now time.Time, limit int) (int
 	n := 0
 	err := b.write(ctx, func(tx *bbolt.Tx) error {
 		n = 0
-		expiry, records := tx.Bucket(bucketExpiry), tx.Bucket(bucketRecords)
+		expiry, records := b.bucket(tx, bucketExpiry), b.bucket(tx, bucketRecords)
 		var due [][]byte
-		c := expiry.Cursor()
-		for k, _ := c.First(); k != nil && len(due) < limit && len(k) > 8 && !now.Before(expiryTime(k)); k, _ = c.Next() {
+		if err := expiry.ascend(nil, func(k, _ []byte) bool {
+			if len(due) == limit || len(k) <= 8 || now.Before(expiryTime(k)) {
+				return false
+			}
 			due = append(due, bytes.Clone(k))
+			return true
+		}); err != nil {
+			return err
 		}
 		for _, k := range due {
 			// Delete the record only if this entry is still its expiry: an
 			// entry the record has outlived must not take a newer claim.
-			if v := records.Get(k[8:]); v != nil {
+			v, err := records.Get(k[8:])
+			if err != nil {
+				return err
+			}
+			if v != nil {
 				if rec, err := decode(k[8:], v); err == nil && rec.State == backend.StateCompleted && bytes.Equal(expiryKey(rec), k) {
 					if err := records.Delete(k[8:]); err != nil {
 						return err
@@ -713,19 +739,22 @@ func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error
 func (b *Backend) page(ctx context.Context, after string, limit int) ([]backend.Record, error) {
 	var page []backend.Record
 	err := b.read(ctx, func(tx *bbolt.Tx) error {
-		c := tx.Bucket(bucketRecords).Cursor()
-		k, v := c.Seek([]byte(after))
-		if k != nil && string(k) == after {
-			k, v = c.Next()
-		}
-		for ; k != nil && len(page) < limit; k, v = c.Next() {
-			rec, err := decode(k, v)
-			if err != nil {
-				return err
+		var err error
+		aerr := b.bucket(tx, bucketRecords).ascend([]byte(after), func(k, v []byte) bool {
+			if string(k) == after {
+				return true
+			}
+			var rec backend.Record
+			if rec, err = decode(k, v); err != nil {
+				return false
 			}
 			page = append(page, b.seen(rec))
+			return len(page) < limit
+		})
+		if err != nil {
+			return err
 		}
-		return nil
+		return aerr
 	})
 	return page, err
 }
@@ -765,7 +794,7 @@ func decode(key, v []byte) (backend.Record, error) {
 
 // put writes rec, unless it is larger than MaxRecordSize: a record that
 // size would read as damage, and the file would no longer open.
-func put(records *bbolt.Bucket, rec backend.Record) error {
+func put(records bucket, rec backend.Record) error {
 	enc, err := rec.MarshalBinary()
 	if err != nil {
 		return err

@@ -91,11 +91,10 @@ func checkFile(path string, scope scope, f *os.File) (m meta, checkedAll bool, e
 		scope = scopeAll
 	}
 	var err2 error
-	switch scope {
-	case scopeOpen:
-		err2 = verifyFile(f, m, bucketMeta, bucketPending)
-	case scopeAll:
+	if scope == scopeAll {
 		err2 = verifyFile(f, m)
+	} else {
+		err2 = verifyFile(f, m, bucketMeta, bucketPending)
 	}
 	if err2 != nil {
 		return meta{}, false, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err2)
@@ -107,11 +106,13 @@ func checkFile(path string, scope scope, f *os.File) (m meta, checkedAll bool, e
 type scope int
 
 const (
-	// scopeMeta: the meta pages, and the file's size against them.
-	scopeMeta scope = iota
-	// scopeOpen: if the file bears a clean stop's stamp (clean.go), the
+	// scopeReads: the meta pages, the file's size against them, and the
 	// pages Open reads through bbolt (the root bucket, the meta and
-	// pending buckets) and the freelist's bounds; else scopeAll.
+	// pending buckets) and the freelist's bounds. What bbolt reads of
+	// the other buckets later, a guard checks as it goes (guard.go).
+	scopeReads scope = iota
+	// scopeOpen: scopeReads if the file bears a clean stop's stamp
+	// (clean.go), else scopeAll.
 	scopeOpen
 	// scopeAll: and every page in use.
 	scopeAll

@@ -30,7 +30,9 @@ import (
 // (Backend.verified), so a session opened with CheckNever cannot vouch for
 // a file nobody checked. A change made to a closed file without a commit
 // (bbolt's surgery on data pages, a failing disk) is damage to a closed
-// file, which a stamped file's Open does not look for: see Options.Check.
+// file, which a stamped file's Open does not look for: the calls that read
+// the damaged pages meet it, through the guard (guard.go), as ErrCorrupt.
+// See Options.Check.
 const stampAt = 512 // within the meta page; bbolt's meta ends at byte 80
 
 var stampMagic = []byte("idem:clean-stop\x00")

@@ -29,6 +29,17 @@ type rollback struct{ err error }
 func (r rollback) Error() string { return r.err.Error() }
 func (r rollback) Unwrap() error { return r.err }
 
+// undoCorrupt returns an op's result, made a rollback if the guard
+// (guard.go) found damage in it: it can find it between two of the op's
+// writes, and what the op wrote before must not be committed without the
+// rest.
+func undoCorrupt(err error) error {
+	if _, ok := err.(rollback); !ok && errors.As(err, new(damaged)) {
+		return rollback{err}
+	}
+	return err
+}
+
 // errRolledBack ends a transaction that an op asked to roll back.
 var errRolledBack = errors.New("bolt: an operation rolled its transaction back")
 
@@ -52,7 +63,7 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 			failed := -1
 			err := update(db, func(tx *bbolt.Tx) error {
 				for i := 0; i < len(batch) || open && (gather(reqs, &batch, maxBatch) || yieldAndGather(reqs, &batch, maxBatch)); i++ {
-					results = append(results, batch[i].op(tx))
+					results = append(results, undoCorrupt(batch[i].op(tx)))
 					if _, ok := results[i].(rollback); ok {
 						failed = i
 						return errRolledBack

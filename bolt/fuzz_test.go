@@ -12,6 +12,9 @@ import (
 
 // FuzzOpen feeds damaged database files to Open and, if it accepts one, to
 // every operation: none may panic, hang, or grow the file past a bound.
+// The input's length picks the Check (CheckAlways, CheckUnclean or
+// CheckNever), so that a damaged file that bears a clean stop's stamp is
+// also opened without the whole check, its pages left to the guard.
 // .ci/run runs it for a few seconds; seeds are sound files and damaged
 // copies of them.
 func FuzzOpen(f *testing.F) {
@@ -48,12 +51,15 @@ func FuzzOpen(f *testing.F) {
 	}
 
 	// Page-level damage, which flipped bytes seldom reach: 8 bytes over
-	// the header or first elements of every page of a 128 KiB file (the
-	// sweep in damage_test.go tries every offset).
-	sound := soundFile(f)
-	for i, d := range pageDamages(len(sound)/4096, 4096, 24, false) {
-		if i%7 == 0 {
-			f.Add(d.apply(sound, 4096))
+	// the header, elements, keys or values of every page of a 128 KiB
+	// file, stamped clean, with claims pending and without (the sweep in
+	// damage_test.go tries every offset).
+	for _, pending := range []bool{false, true} {
+		sound := soundFile(f, pending)
+		for i, d := range pageDamages(sound, 4096, 24, false) {
+			if i%13 == 0 {
+				f.Add(d.apply(sound, 4096))
+			}
 		}
 	}
 
@@ -65,25 +71,13 @@ func FuzzOpen(f *testing.F) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			b, err := Open(path, &Options{LockTimeout: -1, noSync: true, Check: CheckAlways})
+			check := []Check{CheckAlways, CheckUnclean, CheckNever}[len(data)%3]
+			b, err := Open(path, &Options{LockTimeout: -1, noSync: true, Check: check})
 			if err != nil {
 				return
 			}
 			defer b.Close()
-			ctx := context.Background()
-			now := time.Now()
-			for _, key := range []string{"a", "b", "c", "new"} {
-				if rec, ok, err := b.Get(ctx, key, now); err == nil && ok {
-					_ = b.Release(ctx, key, rec.Token)
-				}
-				rec := backend.Record{Key: key, Token: "fuzz", State: backend.StatePending}
-				if _, claimed, err := b.Claim(ctx, rec, now, time.Minute); err == nil && claimed {
-					rec.Value = []byte("1")
-					_ = b.Complete(ctx, rec, now, time.Hour)
-				}
-			}
-			_, _ = b.Sweep(ctx, now.Add(time.Hour), 100)
-			_ = b.Each(ctx, func(backend.Record) error { return nil })
+			useDamaged(b, []string{"a", "b", "c", "order-0000", "order-0075", "order-0149"})
 		}()
 		select {
 		case <-done:

@@ -27,7 +27,7 @@ import (
 
 const (
 	hostilePathEnv = "IDEM_HOSTILE_PATH"
-	hostileModeEnv = "IDEM_HOSTILE_MODE" // rw, ro, skip
+	hostileModeEnv = "IDEM_HOSTILE_MODE" // rw, ro, skip, clean
 )
 
 // TestHostileChild is the child: it opens the file and uses it, printing
@@ -46,6 +46,8 @@ func TestHostileChild(t *testing.T) {
 		opts.ReadOnly = true
 	case "skip":
 		opts.Check = CheckNever
+	case "clean": // the default: a clean stop's file is not checked whole, its pages guarded as they are read
+		opts.Check = CheckUnclean
 	}
 	report := func(what string, err error) {
 		fmt.Printf("RESULT %s: corrupt=%v err=%v\n", what, errors.Is(err, ErrCorrupt), err)
@@ -254,7 +256,7 @@ func TestHostileBranchCycle(t *testing.T) {
 	_, data, root := branchRoot(t)
 	off := root*4096 + pageHeaderSize
 	le.PutUint64(data[off+8:], uint64(root)) // branch element: pos, ksize, pgid
-	runAll(t, data, "rw", "ro")              // CheckNever opts out of this protection, as documented
+	runAll(t, data, "rw", "ro", "skip", "clean")
 }
 
 // A branch element whose key claims 2 GB: no leaf holds it, so the walk
@@ -264,7 +266,7 @@ func TestHostileBranchKeySize(t *testing.T) {
 	off := root*4096 + pageHeaderSize
 	count := int(le.Uint16(data[root*4096+10:]))
 	le.PutUint32(data[off+(count-1)*16+4:], 0x7f000000) // last element's ksize
-	runAll(t, data, "rw", "ro")
+	runAll(t, data, "rw", "ro", "skip", "clean")
 }
 
 // A leaf page of idem.records whose overflow claims 4 billion pages: the walk
@@ -275,7 +277,7 @@ func TestHostileLeafOverflow(t *testing.T) {
 	last := kids[len(kids)-1] // the live records leaf that holds key-199, where "new-1" goes
 	require.Equal(t, "key-199", leafKey(data, last, int(le.Uint16(data[last*4096+10:]))-1))
 	le.PutUint32(data[last*4096+12:], 0xfffffff0)
-	runAll(t, data, "rw", "ro")
+	runAll(t, data, "rw", "ro", "skip", "clean")
 }
 
 // A freelist page whose 64-bit count (count 0xFFFF) claims 2^36 ids: bbolt

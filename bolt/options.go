@@ -35,13 +35,19 @@ type Options struct {
 	// the file, before bbolt reads any (each page once, within the file,
 	// every element within its page, a freelist that names only unused
 	// pages within the file), then every record's size. That check is what
-	// turns a damaged file into ErrCorrupt at Open rather than a hang, a
-	// crash or a file that grows without bound; it reads every page in use
-	// (about 1.3 s per GB warm: bench/README.md), so its cost grows with
-	// the file. Whatever Check says, Open checks the meta pages and the
-	// pages it reads itself (the root, meta and pending buckets). The zero
-	// value, CheckUnclean, checks the whole file unless this package's
-	// Close was the last to write it, with no claim pending.
+	// finds a damaged file at Open; it reads every page in use (about
+	// 1.3 s per GB warm: bench/README.md), so its cost grows with the
+	// file. Whatever Check says, Open checks the meta pages and the pages
+	// it reads itself (the root, meta and pending buckets, the freelist's
+	// bounds); and when it did not check the whole file, each call then
+	// checks, from the file, the pages of idem's buckets that bbolt is
+	// about to read for it (a few a call, one a level of the tree), so
+	// that damage it meets is ErrCorrupt, never a hang, a crash or a file
+	// that grows without bound. The buckets of your own that RunOnceTx,
+	// Update and View hand you are read by bbolt unchecked: only the whole
+	// check looks at them. The zero value, CheckUnclean, checks the whole
+	// file unless this package's Close was the last to write it, with no
+	// claim pending.
 	Check Check
 
 	// noSync skips fsync: for tests that measure memory, not durability.
@@ -60,15 +66,17 @@ const (
 	// opened with CheckNever. A file closed cleanly starts in a time that
 	// does not grow with it. A change made to a closed file without a
 	// commit (a failing disk, a bad copy, bbolt's surgery on data pages)
-	// is then not looked for: run "idem check FILE" on a file you doubt,
-	// or open it with CheckAlways.
+	// is then not looked for at Open, but met as ErrCorrupt by the calls
+	// that read it: run "idem check FILE" on a file you doubt, or open it
+	// with CheckAlways, to find it all at once.
 	CheckUnclean Check = iota
 
 	// CheckAlways checks the whole file at every Open.
 	CheckAlways
 
 	// CheckNever skips the whole-file check: for files too large to read
-	// at any start. Run "idem check FILE" on them instead.
+	// at any start. Damage is then met as ErrCorrupt by the calls that
+	// read it. Run "idem check FILE" on them instead.
 	CheckNever
 )
 

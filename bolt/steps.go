@@ -17,7 +17,7 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 	k := []byte(key)
 	step.At = now
 	return b.write(ctx, func(tx *bbolt.Tx) error {
-		records := tx.Bucket(bucketRecords)
+		records := b.bucket(tx, bucketRecords)
 		claim, err := checkLiveOwner(records, k, token, now)
 		if err != nil {
 			return err
@@ -31,8 +31,11 @@ func (b *Backend) Resume(ctx context.Context, key, old, token string, now time.T
 	k := []byte(key)
 	var rec backend.Record
 	err := b.write(ctx, func(tx *bbolt.Tx) error {
-		records := tx.Bucket(bucketRecords)
-		v := records.Get(k)
+		records := b.bucket(tx, bucketRecords)
+		v, err := records.Get(k)
+		if err != nil {
+			return err
+		}
 		if v == nil {
 			return fmt.Errorf("%w: key %q has no record", backend.ErrNotOwner, key)
 		}
@@ -53,7 +56,7 @@ func (b *Backend) Resume(ctx context.Context, key, old, token string, now time.T
 		rec = cur
 		// Pending again: if this process dies too, the next Open marks it
 		// interrupted.
-		return tx.Bucket(bucketPending).Put(pendingKey(cur), nil)
+		return b.bucket(tx, bucketPending).Put(pendingKey(cur), nil)
 	})
 	return rec, err
 }

@@ -218,7 +218,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 		// earlier one may have been rolled back by another op.
 		standing, final = nil, nil
 		now := opts.Now()
-		rec, ok, err := liveRecord(tx, key, now)
+		rec, ok, err := liveRecord(b, tx, key, now)
 		switch {
 		case err != nil:
 			return err // nothing written yet: the answer, not a rollback
@@ -238,7 +238,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 		if eerr := txrun.Of(store).Encode(&done, val, nil); eerr != nil {
 			return rollback{eerr}
 		}
-		if werr := record(tx, done, now, opts.TTL); werr != nil {
+		if werr := record(b, tx, done, now, opts.TTL); werr != nil {
 			return rollback{werr}
 		}
 		return nil
@@ -262,7 +262,7 @@ func recordFinal[R any](ctx context.Context, store *idem.Store[R], b *Backend, k
 	var standing *backend.Record
 	err := b.write(ctx, func(tx *bbolt.Tx) error {
 		now := opts.Now()
-		rec, ok, err := liveRecord(tx, key, now)
+		rec, ok, err := liveRecord(b, tx, key, now)
 		switch {
 		case err != nil:
 			return err
@@ -274,7 +274,7 @@ func recordFinal[R any](ctx context.Context, store *idem.Store[R], b *Backend, k
 		if err := txrun.Of(store).Encode(&done, val, final); err != nil {
 			return err
 		}
-		return record(tx, done, now, opts.TTL)
+		return record(b, tx, done, now, opts.TTL)
 	})
 	switch {
 	case err != nil:
@@ -286,10 +286,10 @@ func recordFinal[R any](ctx context.Context, store *idem.Store[R], b *Backend, k
 }
 
 // liveRecord returns key's record as seen at now, if it has a live one.
-func liveRecord(tx *bbolt.Tx, key string, now time.Time) (backend.Record, bool, error) {
-	v := tx.Bucket(bucketRecords).Get([]byte(key))
-	if v == nil {
-		return backend.Record{}, false, nil
+func liveRecord(b *Backend, tx *bbolt.Tx, key string, now time.Time) (backend.Record, bool, error) {
+	v, err := b.bucket(tx, bucketRecords).Get([]byte(key))
+	if err != nil || v == nil {
+		return backend.Record{}, false, err
 	}
 	rec, err := decode([]byte(key), v)
 	if err != nil {
@@ -301,14 +301,18 @@ func liveRecord(tx *bbolt.Tx, key string, now time.Time) (backend.Record, bool, 
 
 // record writes done, completed at now and expiring ttl later, over any
 // expired record of its key.
-func record(tx *bbolt.Tx, done backend.Record, now time.Time, ttl time.Duration) error {
-	records := tx.Bucket(bucketRecords)
-	if v := records.Get([]byte(done.Key)); v != nil { // expired: drop its index entry
+func record(b *Backend, tx *bbolt.Tx, done backend.Record, now time.Time, ttl time.Duration) error {
+	records := b.bucket(tx, bucketRecords)
+	v, err := records.Get([]byte(done.Key))
+	if err != nil {
+		return err
+	}
+	if v != nil { // expired: drop its index entry
 		old, err := decode([]byte(done.Key), v)
 		if err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketExpiry).Delete(expiryKey(old)); err != nil {
+		if err := b.bucket(tx, bucketExpiry).Delete(expiryKey(old)); err != nil {
 			return err
 		}
 	}
@@ -316,5 +320,5 @@ func record(tx *bbolt.Tx, done backend.Record, now time.Time, ttl time.Duration)
 	if err := put(records, done); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketExpiry).Put(expiryKey(done), nil)
+	return b.bucket(tx, bucketExpiry).Put(expiryKey(done), nil)
 }

@@ -22,6 +22,161 @@ const (
 	maxDepth         = 64 // of branch pages and nested buckets together
 )
 
+// readPage reads page id of r, a file of pgid pages of pageSize bytes,
+// with its overflow pages, after checking its header: its own id, and its
+// extent within the file. buf, if it holds a page, is used for a page
+// without overflow.
+func readPage(r io.ReaderAt, pageSize, pgid, id uint64, buf []byte) (p treePage, overflow uint64, err error) {
+	if id < 2 || id >= pgid {
+		return treePage{}, 0, fmt.Errorf("page %d: out of bounds (%d pages)", id, pgid)
+	}
+	if uint64(len(buf)) != pageSize {
+		buf = make([]byte, pageSize)
+	}
+	if _, err := r.ReadAt(buf, int64(id*pageSize)); err != nil {
+		return treePage{}, 0, fmt.Errorf("page %d: %w", id, err)
+	}
+	le := binary.NativeEndian
+	overflow = uint64(le.Uint32(buf[12:]))
+	switch {
+	case le.Uint64(buf[0:]) != id:
+		return treePage{}, 0, fmt.Errorf("page %d: says it is page %d", id, le.Uint64(buf[0:]))
+	case id+overflow >= pgid:
+		return treePage{}, 0, fmt.Errorf("page %d: %d overflow pages run past the end (%d pages)", id, overflow, pgid)
+	}
+	data := buf
+	if overflow > 0 {
+		data = make([]byte, (overflow+1)*pageSize)
+		copy(data, buf)
+		if _, err := r.ReadAt(data[pageSize:], int64((id+1)*pageSize)); err != nil {
+			return treePage{}, 0, fmt.Errorf("page %d: %w", id, err)
+		}
+	}
+	return treePage{id: id, flags: le.Uint16(buf[8:]), count: int(le.Uint16(buf[10:])), data: data}, overflow, nil
+}
+
+// A treePage is a branch or leaf page of a bbolt B+tree, or a bucket's
+// inline page (a leaf inside its parent's element), held in data. Its
+// accessors read its elements as bbolt does; use them only on a page that
+// check passed.
+type treePage struct {
+	id    uint64 // the page's id; an inline page's is its parent's
+	flags uint16
+	count int
+	data  []byte
+}
+
+func (p treePage) branch() bool { return p.flags == branchPageFlag }
+
+// elem returns the offset of element i.
+func (p treePage) elem(i int) uint64 { return uint64(pageHeaderSize + i*elementSize) }
+
+// key returns element i's key.
+func (p treePage) key(i int) []byte {
+	le, e := binary.NativeEndian, p.elem(i)
+	if p.branch() {
+		pos, ksize := uint64(le.Uint32(p.data[e:])), uint64(le.Uint32(p.data[e+4:]))
+		return p.data[e+pos : e+pos+ksize]
+	}
+	pos, ksize := uint64(le.Uint32(p.data[e+4:])), uint64(le.Uint32(p.data[e+8:]))
+	return p.data[e+pos : e+pos+ksize]
+}
+
+// child returns the page id that branch element i points to.
+func (p treePage) child(i int) uint64 { return binary.NativeEndian.Uint64(p.data[p.elem(i)+8:]) }
+
+// value returns leaf element i's value, and whether it is a bucket.
+func (p treePage) value(i int) (v []byte, bucket bool) {
+	le, e := binary.NativeEndian, p.elem(i)
+	pos, ksize, vsize := uint64(le.Uint32(p.data[e+4:])), uint64(le.Uint32(p.data[e+8:])), uint64(le.Uint32(p.data[e+12:]))
+	return p.data[e+pos+ksize : e+pos+ksize+vsize], le.Uint32(p.data[e:])&bucketLeafFlag != 0
+}
+
+// bucketRoot returns the root page id of the bucket held in leaf element
+// i, or, for an inline bucket, 0 and its page.
+func (p treePage) bucketRoot(i int) (root uint64, inline treePage) {
+	v, _ := p.value(i)
+	if root = binary.NativeEndian.Uint64(v); root != 0 {
+		return root, treePage{}
+	}
+	in := v[inBucketSize:]
+	le := binary.NativeEndian
+	return 0, treePage{id: p.id, flags: le.Uint16(in[8:]), count: int(le.Uint16(in[10:])), data: in}
+}
+
+// check checks that p, in a file of pgid pages, is a page bbolt can
+// search and walk without leaving it: a branch with at least one element,
+// or a leaf; every element, key and value within the page; keys in
+// ascending order (else a search misses them, and a walk could go round);
+// a branch's children within the file, and not p itself; a bucket's
+// value long enough for its header, and an inline bucket's page (a leaf,
+// holding no bucket, as bbolt makes one) checked the same way. It reads
+// nothing beyond p.
+func (p treePage) check(pgid uint64, inline bool) error {
+	switch {
+	case p.flags != branchPageFlag && p.flags != leafPageFlag:
+		return fmt.Errorf("page %d: type %#x where a branch or leaf page belongs", p.id, p.flags)
+	case inline && p.flags != leafPageFlag:
+		return fmt.Errorf("page %d: an inline bucket of type %#x, not a leaf", p.id, p.flags)
+	case p.flags == branchPageFlag && p.count == 0:
+		return fmt.Errorf("page %d: a branch with no elements", p.id)
+	case pageHeaderSize+p.count*elementSize > len(p.data):
+		return fmt.Errorf("page %d: %d elements do not fit in it", p.id, p.count)
+	}
+	le := binary.NativeEndian
+	for i := range p.count {
+		e := p.elem(i)
+		if p.branch() {
+			pos, ksize := uint64(le.Uint32(p.data[e:])), uint64(le.Uint32(p.data[e+4:]))
+			if e+pos+ksize > uint64(len(p.data)) {
+				return fmt.Errorf("page %d: branch element %d runs past the page", p.id, i)
+			}
+			if child := p.child(i); child < 2 || child >= pgid || child == p.id {
+				return fmt.Errorf("page %d: branch element %d points to page %d (%d pages)", p.id, i, child, pgid)
+			}
+		} else {
+			pos, ksize, vsize := uint64(le.Uint32(p.data[e+4:])), uint64(le.Uint32(p.data[e+8:])), uint64(le.Uint32(p.data[e+12:]))
+			if e+pos+ksize+vsize > uint64(len(p.data)) {
+				return fmt.Errorf("page %d: leaf element %d (key %d bytes, value %d) runs past the page", p.id, i, ksize, vsize)
+			}
+		}
+		if i > 0 && bytes.Compare(p.key(i-1), p.key(i)) >= 0 {
+			return fmt.Errorf("page %d: key %d is out of order", p.id, i)
+		}
+		if p.branch() {
+			continue
+		}
+		v, bucket := p.value(i)
+		switch {
+		case !bucket:
+			continue
+		case inline:
+			return fmt.Errorf("page %d: an inline bucket holds bucket %q", p.id, p.key(i))
+		case len(v) < inBucketSize:
+			return fmt.Errorf("page %d: bucket element %d too short", p.id, i)
+		}
+		root := le.Uint64(v)
+		switch {
+		case root == 0 && len(v) < inBucketSize+pageHeaderSize:
+			return fmt.Errorf("page %d: inline bucket %d too short", p.id, i)
+		case root == 0:
+			if _, in := p.bucketRoot(i); in.check(pgid, true) != nil {
+				return fmt.Errorf("page %d: inline bucket %q: %w", p.id, p.key(i), in.check(pgid, true))
+			}
+		case root < 2 || root >= pgid:
+			return fmt.Errorf("page %d: bucket %q's root page %d is out of bounds (%d pages)", p.id, p.key(i), root, pgid)
+		}
+	}
+	return nil
+}
+
+// errEmptyPage is the damage of a page with no elements below a bucket's
+// root: bbolt removes such a page at the commit that empties it, and
+// a cursor passes over it, so its elements were lost.
+func errEmptyPage(id uint64) error {
+	return fmt.Errorf("page %d: no elements, below its bucket's root", id)
+}
+
 // verifier walks a file's pages from its meta: every page reachable once,
 // within the file, every element within its page, and a freelist that
 // names only pages that are within the file and not in use.
@@ -30,7 +185,8 @@ type verifier struct {
 	m         meta
 	reachable map[uint64]bool
 	// only, if not nil, names the top-level buckets whose pages are
-	// checked; the others' are not read.
+	// checked; the others' are not read (their inline pages, part of
+	// the root bucket's, are).
 	only [][]byte
 }
 
@@ -41,7 +197,7 @@ type verifier struct {
 // free page found in use among them).
 func verifyFile(r io.ReaderAt, m meta, only ...[]byte) error {
 	v := &verifier{r: r, m: m, reachable: map[uint64]bool{0: true, 1: true}, only: only}
-	if err := v.tree(m.root, 0, true); err != nil {
+	if err := v.tree(m.root, 0, true, true); err != nil {
 		return err
 	}
 	return v.freelist()
@@ -61,112 +217,51 @@ func (v *verifier) checked(name []byte) bool {
 }
 
 // page reads page id and its overflow pages, marking them reachable.
-func (v *verifier) page(id uint64) (flags uint16, count int, data []byte, err error) {
-	if id < 2 || id >= v.m.pgid {
-		return 0, 0, nil, fmt.Errorf("page %d: out of bounds (%d pages)", id, v.m.pgid)
+func (v *verifier) page(id uint64) (treePage, error) {
+	p, overflow, err := readPage(v.r, uint64(v.m.pageSize), v.m.pgid, id, nil)
+	if err != nil {
+		return treePage{}, err
 	}
-	ps := uint64(v.m.pageSize)
-	var hdr [pageHeaderSize]byte
-	if _, err := v.r.ReadAt(hdr[:], int64(id*ps)); err != nil {
-		return 0, 0, nil, fmt.Errorf("page %d: %w", id, err)
-	}
-	le := binary.NativeEndian
-	overflow := uint64(le.Uint32(hdr[12:]))
-	switch {
-	case le.Uint64(hdr[0:]) != id:
-		return 0, 0, nil, fmt.Errorf("page %d: says it is page %d", id, le.Uint64(hdr[0:]))
-	case id+overflow >= v.m.pgid:
-		return 0, 0, nil, fmt.Errorf("page %d: %d overflow pages run past the end (%d pages)", id, overflow, v.m.pgid)
-	}
-	for p := id; p <= id+overflow; p++ {
-		if v.reachable[p] {
-			return 0, 0, nil, fmt.Errorf("page %d: reached twice", p)
+	for q := id; q <= id+overflow; q++ {
+		if v.reachable[q] {
+			return treePage{}, fmt.Errorf("page %d: reached twice", q)
 		}
-		v.reachable[p] = true
+		v.reachable[q] = true
 	}
-	data = make([]byte, (overflow+1)*ps)
-	if _, err := v.r.ReadAt(data, int64(id*ps)); err != nil {
-		return 0, 0, nil, fmt.Errorf("page %d: %w", id, err)
-	}
-	return le.Uint16(hdr[8:]), int(le.Uint16(hdr[10:])), data, nil
+	return p, nil
 }
 
 // tree checks the branch or leaf page id and everything under it; top
 // says it is a page of the root bucket, whose elements are the top-level
-// buckets.
-func (v *verifier) tree(id uint64, depth int, top bool) error {
+// buckets, and root that it is a bucket's root page.
+func (v *verifier) tree(id uint64, depth int, top, root bool) error {
 	if depth > maxDepth {
 		return fmt.Errorf("page %d: nested more than %d deep", id, maxDepth)
 	}
-	flags, count, data, err := v.page(id)
+	p, err := v.page(id)
 	if err != nil {
 		return err
 	}
-	return v.elements(id, flags, count, data, depth, top)
-}
-
-// elements checks the elements of a branch or leaf page held in data (a
-// page of the file, or a bucket's inline page).
-func (v *verifier) elements(id uint64, flags uint16, count int, data []byte, depth int, top bool) error {
-	le := binary.NativeEndian
-	if pageHeaderSize+count*elementSize > len(data) {
-		return fmt.Errorf("page %d: %d elements do not fit in it", id, count)
+	if err := p.check(v.m.pgid, false); err != nil {
+		return err
 	}
-	var prev []byte // keys must ascend, or lookups miss them
-	ordered := func(i int, key []byte) error {
-		if i > 0 && bytes.Compare(prev, key) >= 0 {
-			return fmt.Errorf("page %d: key %d is out of order", id, i)
+	if !root && p.count == 0 {
+		return errEmptyPage(id)
+	}
+	for i := range p.count {
+		if p.branch() {
+			if err := v.tree(p.child(i), depth+1, top, false); err != nil {
+				return err
+			}
+			continue
 		}
-		prev = key
-		return nil
-	}
-	for i := range count {
-		e := pageHeaderSize + i*elementSize
-		switch flags {
-		case branchPageFlag:
-			pos, ksize := uint64(le.Uint32(data[e:])), uint64(le.Uint32(data[e+4:]))
-			if uint64(e)+pos+ksize > uint64(len(data)) {
-				return fmt.Errorf("page %d: branch element %d runs past the page", id, i)
-			}
-			if err := ordered(i, data[uint64(e)+pos:uint64(e)+pos+ksize]); err != nil {
+		if _, bucket := p.value(i); !bucket || top && !v.checked(p.key(i)) {
+			continue
+		}
+		if root, _ := p.bucketRoot(i); root != 0 {
+			if err := v.tree(root, depth+1, false, true); err != nil {
 				return err
 			}
-			if err := v.tree(le.Uint64(data[e+8:]), depth+1, top); err != nil {
-				return err
-			}
-		case leafPageFlag:
-			eflags, pos, ksize, vsize := le.Uint32(data[e:]), uint64(le.Uint32(data[e+4:])), uint64(le.Uint32(data[e+8:])), uint64(le.Uint32(data[e+12:]))
-			if uint64(e)+pos+ksize+vsize > uint64(len(data)) {
-				return fmt.Errorf("page %d: leaf element %d (key %d bytes, value %d) runs past the page", id, i, ksize, vsize)
-			}
-			if err := ordered(i, data[uint64(e)+pos:uint64(e)+pos+ksize]); err != nil {
-				return err
-			}
-			if eflags&bucketLeafFlag == 0 || top && !v.checked(data[uint64(e)+pos:uint64(e)+pos+ksize]) {
-				continue
-			}
-			value := data[uint64(e)+pos+ksize : uint64(e)+pos+ksize+vsize]
-			if len(value) < inBucketSize {
-				return fmt.Errorf("page %d: bucket element %d too short", id, i)
-			}
-			if root := le.Uint64(value); root != 0 {
-				if err := v.tree(root, depth+1, false); err != nil {
-					return err
-				}
-				continue
-			}
-			inline := value[inBucketSize:] // an inline bucket: a leaf page in the value
-			if len(inline) < pageHeaderSize {
-				return fmt.Errorf("page %d: inline bucket %d too short", id, i)
-			}
-			if depth+1 > maxDepth {
-				return fmt.Errorf("page %d: nested more than %d deep", id, maxDepth)
-			}
-			if err := v.elements(id, le.Uint16(inline[8:]), int(le.Uint16(inline[10:])), inline, depth+1, false); err != nil {
-				return err
-			}
-		default:
-			return fmt.Errorf("page %d: type %#x where a branch or leaf page belongs", id, flags)
 		}
 	}
 	return nil
@@ -179,13 +274,14 @@ func (v *verifier) freelist() error {
 		return nil
 	}
 	id := v.m.freelist
-	flags, count, data, err := v.page(id)
+	p, err := v.page(id)
 	if err != nil {
 		return fmt.Errorf("freelist: %w", err)
 	}
-	if flags != freelistPageFlag {
-		return fmt.Errorf("freelist page %d: type %#x", id, flags)
+	if p.flags != freelistPageFlag {
+		return fmt.Errorf("freelist page %d: type %#x", id, p.flags)
 	}
+	count, data := p.count, p.data
 	le := binary.NativeEndian
 	start, n := pageHeaderSize, uint64(count)
 	if count == 0xFFFF { // the count is the first id's slot

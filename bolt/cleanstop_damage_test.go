@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -138,4 +139,34 @@ func soundPath(t *testing.T) string {
 	path := t.TempDir() + "/sound.db"
 	require.NoError(t, os.WriteFile(path, soundFile(t, true), 0o600))
 	return path
+}
+
+// A records page whose first child is itself, in a file with a claim
+// pending: Open marks the claim interrupted, reading its record through
+// bbolt, and with CheckNever, which reads the records' pages unchecked,
+// that read once recursed until the stack overflowed (an Open that never
+// returned, in a sweep of damaged pages). Now the guard finds the cycle
+// first: Open says ErrCorrupt. Each Open runs in a child process, which
+// a hang or a crash cannot take this test down with.
+func TestCheckNeverOpenOfACyclicRecordsPageIsCorrupt(t *testing.T) {
+	path := recordsFile(t)
+	b, err := Open(path, nil)
+	require.NoError(t, err)
+	_, won, err := b.Claim(context.Background(), backend.Record{Key: "in-flight", Token: "p", State: backend.StatePending}, time.Now(), time.Minute)
+	require.NoError(t, err)
+	require.True(t, won)
+	require.NoError(t, b.Close())
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	root := rootOf(t, path, "idem.records")
+	require.Equal(t, uint16(branchPageFlag), binary.NativeEndian.Uint16(data[root*4096+8:]), "idem.records must have a branch root")
+	binary.NativeEndian.PutUint64(data[root*4096+pageHeaderSize+8:], uint64(root)) // its first child: itself, where "in-flight" is looked for
+	for _, mode := range []string{"skip", "clean"} {
+		t.Run(mode, func(t *testing.T) {
+			p, size := write(t, data)
+			r := runChild(t, p, mode)
+			judge(t, r, size)
+			assert.Contains(t, r.stdout, "RESULT open: corrupt=true", "%s", r)
+		})
+	}
 }

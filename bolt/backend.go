@@ -564,7 +564,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 
 // checkOwner returns key's record if it is an unsettled claim held by token,
 // and an error matching backend.ErrNotOwner otherwise.
-func checkOwner(records bucket, key []byte, token string) (backend.Record, error) {
+func checkOwner(records *bucket, key []byte, token string) (backend.Record, error) {
 	v, err := records.Get(key)
 	if err != nil {
 		return backend.Record{}, err
@@ -584,7 +584,7 @@ func checkOwner(records bucket, key []byte, token string) (backend.Record, error
 
 // checkLiveOwner is checkOwner for a write that only a live claim may
 // make: the claim must still be pending, its lease unlapsed at now.
-func checkLiveOwner(records bucket, key []byte, token string, now time.Time) (backend.Record, error) {
+func checkLiveOwner(records *bucket, key []byte, token string, now time.Time) (backend.Record, error) {
 	claim, err := checkOwner(records, key, token)
 	if err != nil {
 		return backend.Record{}, err
@@ -794,7 +794,7 @@ func decode(key, v []byte) (backend.Record, error) {
 
 // put writes rec, unless it is larger than MaxRecordSize: a record that
 // size would read as damage, and the file would no longer open.
-func put(records bucket, rec backend.Record) error {
+func put(records *bucket, rec backend.Record) error {
 	enc, err := rec.MarshalBinary()
 	if err != nil {
 		return err

@@ -72,16 +72,19 @@ type bucket struct {
 	name []byte
 	g    *guard
 	pgid uint64 // the transaction's pages: its file's high-water mark
+	// searched is the last key whose search the guard checked: a Put or
+	// Delete after a Get of the same key reads the same pages.
+	searched []byte
 }
 
 // bucket returns idem's top-level bucket name in tx. The root bucket,
 // which finds it, is checked at every Open and later written by bbolt.
-func (b *Backend) bucket(tx *bbolt.Tx, name []byte) bucket {
+func (b *Backend) bucket(tx *bbolt.Tx, name []byte) *bucket {
 	return guardedBucket(tx, name, b.guard)
 }
 
-func guardedBucket(tx *bbolt.Tx, name []byte, g *guard) bucket {
-	x := bucket{b: tx.Bucket(name), name: name, g: g}
+func guardedBucket(tx *bbolt.Tx, name []byte, g *guard) *bucket {
+	x := &bucket{b: tx.Bucket(name), name: name, g: g}
 	if g != nil {
 		x.pgid = uint64(tx.Size()) / g.pageSize
 	}
@@ -89,7 +92,7 @@ func guardedBucket(tx *bbolt.Tx, name []byte, g *guard) bucket {
 }
 
 // Get returns key's value, nil if it has none.
-func (x bucket) Get(key []byte) ([]byte, error) {
+func (x *bucket) Get(key []byte) ([]byte, error) {
 	if err := x.search(key, false); err != nil {
 		return nil, err
 	}
@@ -97,7 +100,7 @@ func (x bucket) Get(key []byte) ([]byte, error) {
 }
 
 // Put sets key's value.
-func (x bucket) Put(key, value []byte) error {
+func (x *bucket) Put(key, value []byte) error {
 	if err := x.search(key, false); err != nil {
 		return err
 	}
@@ -107,7 +110,7 @@ func (x bucket) Put(key, value []byte) error {
 // Delete removes key. A delete can leave its page small enough that the
 // commit merges it with a neighbour, which bbolt then reads: the guard
 // checks the neighbours of each page on the way too.
-func (x bucket) Delete(key []byte) error {
+func (x *bucket) Delete(key []byte) error {
 	if err := x.search(key, true); err != nil {
 		return err
 	}
@@ -115,8 +118,11 @@ func (x bucket) Delete(key []byte) error {
 }
 
 // search checks the pages bbolt's search for key reads.
-func (x bucket) search(key []byte, neighbours bool) error {
-	if x.g == nil || x.b.RootPage() == 0 { // checked whole, or an inline bucket: part of the root bucket's page
+func (x *bucket) search(key []byte, neighbours bool) error {
+	switch {
+	case x.g == nil || x.b.RootPage() == 0: // checked whole, or an inline bucket: part of the root bucket's page
+		return nil
+	case !neighbours && x.searched != nil && bytes.Equal(key, x.searched):
 		return nil
 	}
 	c := x.cursor()
@@ -124,6 +130,7 @@ func (x bucket) search(key []byte, neighbours bool) error {
 	if err := c.search(key, uint64(x.b.RootPage()), neighbours); err != nil {
 		return x.g.corrupt(x.name, err)
 	}
+	x.searched = append(x.searched[:0], key...)
 	return nil
 }
 
@@ -134,7 +141,7 @@ func (x bucket) search(key []byte, neighbours bool) error {
 // transaction it does not see the transaction's own writes, which a walk
 // that only looks for what to delete, as a sweep does, can miss (and see
 // keys the transaction deleted, whose deletion is then a no-op).
-func (x bucket) ascend(from []byte, fn func(k, v []byte) bool) error {
+func (x *bucket) ascend(from []byte, fn func(k, v []byte) bool) error {
 	if x.g == nil {
 		c := x.b.Cursor()
 		var k, v []byte
@@ -177,7 +184,7 @@ func (x bucket) ascend(from []byte, fn func(k, v []byte) bool) error {
 	return nil
 }
 
-func (x bucket) cursor() *cursor {
+func (x *bucket) cursor() *cursor {
 	return &cursor{g: x.g, pgid: x.pgid}
 }
 

@@ -104,14 +104,15 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 		if rec.Fingerprint != fp {
 			return backend.Record{}, sent, ErrPayloadMismatch
 		}
-		if rec.State == backend.StatePending {
-			// In flight through another store, most likely another process:
-			// wait for its outcome.
-			if rec, err = s.awaitSettled(ctx, key); err != nil {
+		if rec.State != backend.StateCompleted {
+			// In flight through another store, most likely another
+			// process, or interrupted: wait for its outcome, or until its
+			// owner is judged dead (owner.go).
+			if rec, err = s.awaitOwner(ctx, rec); err != nil {
 				return backend.Record{}, sent, err
 			}
 			if rec.State == 0 {
-				continue // released: claim again
+				continue // released, or changed hands: claim again
 			}
 		}
 		switch {
@@ -259,47 +260,6 @@ const (
 	pollMin = 5 * time.Millisecond
 	pollMax = 500 * time.Millisecond
 )
-
-// awaitSettled polls key's record, with a backoff, until it is no longer a
-// pending claim with a live lease, and returns it (State zero if the claim
-// was released). It gives up with ErrInProgress when the store closes or ctx
-// ends; the callers waiting on this execution leave on their own contexts.
-func (s *Store[R]) awaitSettled(ctx context.Context, key string) (backend.Record, error) {
-	// A backend that stops answering must not hold Close up.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(s.stopping, cancel)()
-	wait := pollMin
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for {
-		select {
-		case <-timer.C:
-		case <-s.stopping.Done():
-			return backend.Record{}, fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
-		case <-ctx.Done():
-			if s.stopping.Err() != nil { // ctx ends with stopping too
-				return backend.Record{}, fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
-			}
-			return backend.Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
-		}
-		rec, ok, err := s.b.Get(ctx, key, s.opts.Now())
-		switch {
-		case err != nil && s.stopping.Err() != nil:
-			return backend.Record{}, fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
-		case err != nil && ctx.Err() != nil:
-			return backend.Record{}, fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
-		case err != nil:
-			return backend.Record{}, &BackendError{Op: "get", Err: err}
-		case !ok:
-			return backend.Record{}, nil
-		case rec.State != backend.StatePending:
-			return rec, nil
-		}
-		wait = min(2*wait, pollMax)
-		timer.Reset(wait)
-	}
-}
 
 // finishDurable records the outcome of t's durable claim: a final outcome
 // is completed, anything else releases the claim. Both use a context that

@@ -20,7 +20,12 @@ var ErrLeaseLost = errors.New("idem: lease lost: the claim can no longer be trus
 // clocks that run at slightly different rates.
 func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 
-// renew keeps claim's lease alive: a third of the lease after each grant
+// renewEvery is how often an owner renews its lease: a quarter of it, so
+// that a store watching a lapsed claim for a third of the lease
+// (watchLapsed) sees a live owner's renewal land, with a twelfth to spare.
+func renewEvery(lease time.Duration) time.Duration { return lease / 4 }
+
+// renew keeps claim's lease alive: a quarter of the lease after each grant
 // was asked for, it asks for the next. The lease is measured on this
 // process's monotonic clock from the moment each request left (sent, for
 // the claim): the backend grants it from a later instant, by whatever clock
@@ -42,7 +47,7 @@ func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 func (s *Store[R]) renew(ctx context.Context, claim backend.Record, sent time.Time) (_ context.Context, end, stop func()) {
 	l := &lease[R]{s: s, key: claim.Key, token: claim.Token}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
-	every := s.opts.Lease / 3
+	every := renewEvery(s.opts.Lease)
 	l.until, l.next = sent.Add(leaseTrust(s.opts.Lease)), sent.Add(every)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -62,6 +67,7 @@ type lease[R any] struct {
 	mu       sync.Mutex
 	stopped  bool        // guarded by mu; no renewal starts once set (stop, or the claim lost)
 	renewing bool        // guarded by mu: a renewal call is in flight
+	renewals int         // guarded by mu: renewals started
 	until    time.Time   // guarded by mu: when the lease stops being trusted
 	next     time.Time   // guarded by mu: when the next renewal is due
 	timer    *time.Timer // guarded by mu: Reset while not stopped
@@ -98,6 +104,11 @@ func (l *lease[R]) fire() {
 		return
 	}
 	l.renewing = true
+	l.renewals++
+	// Each renewal asks for a nanosecond more than the last, so that it
+	// moves the record's lease even on a clock that stands still (a
+	// test's): a store watching the claim sees its owner alive (owner.go).
+	grant := l.s.opts.Lease + time.Duration(l.renewals)
 	l.s.background.Add(1) // before stop can return: Close waits for this call
 	left := l.until.Sub(now)
 	if !lapsed { // the trust must end on time, whatever the call does
@@ -115,13 +126,13 @@ func (l *lease[R]) fire() {
 	// Backend's error.)
 	s := l.s
 	lease := s.opts.Lease
-	every := lease / 3
+	every := renewEvery(lease)
 	sent := time.Now()
 	err := errRenewalExited
 	defer func() { l.renewed(sent, err) }()
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(l.ctx), max(min(every, left), lease/12))
 	unhook := context.AfterFunc(s.closing, rcancel)
-	err = s.b.Renew(rctx, l.key, l.token, s.opts.Now(), lease)
+	err = s.b.Renew(rctx, l.key, l.token, s.opts.Now(), grant)
 	unhook()
 	rcancel()
 }
@@ -150,7 +161,7 @@ func (l *lease[R]) renewed(sent time.Time, err error) {
 		l.timer.Stop()
 		return
 	case err == nil:
-		l.until, l.next = sent.Add(leaseTrust(lease)), sent.Add(lease/3)
+		l.until, l.next = sent.Add(leaseTrust(lease)), sent.Add(renewEvery(lease))
 	default: // failed for now: try again soon; the trust still ends at until
 		l.next = time.Now().Add(lease / 12)
 	}

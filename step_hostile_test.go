@@ -286,10 +286,20 @@ func TestHostileResumeOtherPayloadIsMismatch(t *testing.T) {
 func TestHostileStaleOwnerAfterResume(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
-	opts := idem.Options{Backend: mem, Resume: true, Now: clock.Now, Lease: time.Hour}
+	// The stale owner is cut off from the backend (its renewals fail), so
+	// that, once the clock steps past its lease, the other store sees the
+	// lapsed claim go unrenewed and takes it over (a live owner's renewal
+	// would keep it: TestClockStepForwardDoesNotTakeALiveOwnersKey).
+	opts := idem.Options{Backend: mem, Resume: true, Now: clock.Now, Lease: 300 * time.Millisecond}
 	fresh := hsStore[string](t, opts)
 	var un idemtest.Unrecorded
 	opts.Observer = un.Observer()
+	opts.Backend = idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+		if op == "Renew" {
+			return errors.New("partitioned")
+		}
+		return nil
+	}}
 	stale := hsStore[string](t, opts)
 	atGate, wake := make(chan struct{}), make(chan struct{})
 	var lateStep error

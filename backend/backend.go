@@ -45,6 +45,11 @@ const (
 	// StateInterrupted: the key was claimed by an owner that stopped before
 	// recording an outcome, so the operation may or may not have taken
 	// effect. It stays until forgotten; it never expires on its own.
+	// A record reported interrupted because its lease lapsed keeps its
+	// LeaseUntil: a lapse alone is no proof of death (a clock can step),
+	// and a Store acts on it only after seeing it go unrenewed. A backend
+	// that knows its owner died (bolt at Open: the owner held the file's
+	// lock) stores it interrupted with a zero LeaseUntil: proven dead.
 	StateInterrupted
 )
 
@@ -152,10 +157,13 @@ type Backend interface {
 	Release(ctx context.Context, key, token string) error
 
 	// Renew sets the lease of key's pending record to lease after the
-	// backend's now, if its Token equals token and its lease has not
-	// lapsed. Otherwise it changes nothing and returns an error matching
-	// ErrNotOwner: the claim was lost, or may have been taken for
-	// interrupted by another store, and must not come back to life.
+	// backend's now, if its Token equals token, whether or not the lease
+	// has lapsed: a lease judged lapsed by a clock that stepped forward is
+	// still its live owner's, and a Store takes a lapsed claim over only
+	// once it has seen it go unrenewed for a while on its own monotonic
+	// clock (taking it over changes or deletes the token). Otherwise
+	// (another token, a completed record, none) it changes nothing and
+	// returns an error matching ErrNotOwner: the claim was lost.
 	Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error
 
 	// Get returns key's record, and false if there is none or it expired.

@@ -379,7 +379,9 @@ func initialize(db *bbolt.DB, g *guard) (interrupted int, err error) {
 				}
 				rec, err := decode(pk[8:], v)
 				if err == nil && rec.State == backend.StatePending {
-					rec.State = backend.StateInterrupted
+					// Its owner is proven dead (it held the file's lock):
+					// no lease is left to judge (backend.Record).
+					rec.State, rec.LeaseUntil = backend.StateInterrupted, time.Time{}
 					if err := put(records, rec); err != nil {
 						return err
 					}
@@ -617,7 +619,7 @@ func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.R
 // reader does, so its owner is gone, as a writable Open would record.
 func (b *Backend) seen(rec backend.Record) backend.Record {
 	if b.readOnly && rec.State == backend.StatePending {
-		rec.State = backend.StateInterrupted
+		rec.State, rec.LeaseUntil = backend.StateInterrupted, time.Time{}
 	}
 	return rec
 }
@@ -626,9 +628,13 @@ func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, l
 	k := []byte(key)
 	return b.write(ctx, func(tx *bbolt.Tx) error {
 		records := b.bucket(tx, bucketRecords)
-		claim, err := checkLiveOwner(records, k, token, now)
+		// A lapsed lease is renewed too: its owner is alive (backend.Backend).
+		claim, err := checkOwner(records, k, token)
 		if err != nil {
 			return err
+		}
+		if claim.State != backend.StatePending {
+			return fmt.Errorf("%w: key %q is %s", backend.ErrNotOwner, key, claim.State)
 		}
 		claim.LeaseUntil = now.Add(lease)
 		return put(records, claim)

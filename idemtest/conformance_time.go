@@ -33,7 +33,16 @@ func testLapsedLeaseIsInterrupted(t *testing.T, b backend.Backend) {
 	assert.False(t, won, "an interrupted record is never taken over by Claim")
 	assert.Equal(t, backend.StateInterrupted, got.State)
 	assert.Equal(t, claim.Token, got.Token)
-	assert.ErrorIs(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), backend.ErrNotOwner, "a lapsed lease must not come back to life")
+	// Its owner's renewal brings it back: a lease judged lapsed by a clock
+	// that stepped forward is still a live owner's, and a Store takes a
+	// lapsed claim over only once it has seen it go unrenewed.
+	require.NoError(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), "a lapsed lease is renewed by its owner")
+	rec, _ := get(t, b, "k")
+	assert.Equal(t, backend.StatePending, rec.State, "a renewed lease holds again")
+	require.NoError(t, b.Renew(ctx, "k", claim.Token, time.Now(), shortLease))
+	eventually(t, func() bool { rec, _ := get(t, b, "k"); return rec.State == backend.StateInterrupted },
+		"the renewed lease lapses in its turn")
+	assert.ErrorIs(t, b.Renew(ctx, "k", token(), time.Now(), lease), backend.ErrNotOwner, "only its owner renews a lapsed lease")
 	require.NoError(t, b.Forget(ctx, "k", time.Now()), "an interrupted claim can be forgotten")
 	_, ok := get(t, b, "k")
 	assert.False(t, ok)

@@ -131,7 +131,9 @@ func testLostLeaseIsFenced(c *contract) {
 	}}
 	var un Unrecorded
 	stale := c.store(idem.Options{Backend: partitioned, Lease: lease, Observer: un.Observer()})
-	taker := c.store(idem.Options{RetryInterrupted: true})
+	// The taker watches the lapsed claim for a third of its own lease
+	// before it takes it over: stores sharing a backend share a lease.
+	taker := c.store(idem.Options{RetryInterrupted: true, Lease: lease})
 	started := make(chan struct{})
 	taken := newGate()
 	defer taken.open()
@@ -224,13 +226,15 @@ func testCrashIsOutcomeUnknown(c *contract) {
 	ctx := context.Background()
 	c.deadClaims("dead-owner-", "crashed", "crashed-retried")
 
-	s := c.store(idem.Options{})
+	// A lapsed claim is watched for a third of the lease (the dead owners'
+	// one) before it is taken for interrupted, never for longer.
+	s := c.store(idem.Options{Lease: deadLease})
 	var calls atomic.Int32
 	var err error
 	for range 2 {
 		_, err = c.run(s, c.bounded(), "crashed", "p", counting(&calls))
 		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-		assert.NotErrorIs(t, err, idem.ErrInProgress, "an interrupted key is not waited for")
+		assert.NotErrorIs(t, err, idem.ErrInProgress, "an interrupted key is not waited for past the watch")
 	}
 	_, err = c.run(s, c.bounded(), "crashed", "another payload", counting(&calls))
 	assert.ErrorIs(t, err, idem.ErrPayloadMismatch)
@@ -244,7 +248,7 @@ func testCrashIsOutcomeUnknown(c *contract) {
 	require.NoError(t, err)
 	assert.Equal(t, receipt{N: 1}, v)
 
-	retrying := c.store(idem.Options{RetryInterrupted: true})
+	retrying := c.store(idem.Options{RetryInterrupted: true, Lease: deadLease})
 	v, err = c.run(retrying, c.bounded(), "crashed-retried", "p", counting(&calls))
 	require.NoError(t, err)
 	assert.Equal(t, receipt{N: 2}, v, "RetryInterrupted runs an interrupted key again")
@@ -263,13 +267,16 @@ func testWaitForOtherStore(c *contract) {
 // lease, as stores whose owners then die make them; restarts the backend
 // (Reopen, where the harness has one); and waits until every claim reads
 // as interrupted.
+// deadLease is the lease of deadClaims' claims.
+const deadLease = 100 * time.Millisecond
+
 func (c *contract) deadClaims(tokenPrefix string, keys ...string) {
 	t := c.t
 	fp, err := idem.DefaultFingerprint("p")
 	require.NoError(t, err)
 	for _, key := range keys {
 		claim := backend.Record{Key: key, Fingerprint: fp, Token: tokenPrefix + key, State: backend.StatePending}
-		_, won, err := c.b.Claim(context.Background(), claim, time.Now(), 100*time.Millisecond)
+		_, won, err := c.b.Claim(context.Background(), claim, time.Now(), deadLease)
 		require.NoError(t, err)
 		require.True(t, won)
 	}

@@ -106,11 +106,22 @@ func (m *MemoryBackend) Get(ctx context.Context, key string, now time.Time) (bac
 	return clone(rec), ok, nil
 }
 
+// Renew renews a lapsed lease too, if the claim is still pending under
+// token: a lease judged lapsed by a clock that stepped forward is still
+// its live owner's (backend.Backend's Renew).
 func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
-	return m.changeLive(ctx, key, token, now, func(rec backend.Record) backend.Record {
-		rec.LeaseUntil = now.Add(lease)
-		return rec
-	})
+	if err := m.refuse(ctx); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.records[key]
+	if !ok || rec.Token != token || rec.State != backend.StatePending {
+		return backend.ErrNotOwner
+	}
+	rec.LeaseUntil = now.Add(lease)
+	m.records[key] = rec
+	return nil
 }
 
 // changeLive replaces key's record with change's copy of it, if token's
@@ -189,7 +200,7 @@ func (m *MemoryBackend) Crash() {
 	defer m.mu.Unlock()
 	for k, rec := range m.records {
 		if rec.State == backend.StatePending {
-			rec.State = backend.StateInterrupted
+			rec.State, rec.LeaseUntil = backend.StateInterrupted, time.Time{} // proven dead: no lease to judge
 			m.records[k] = rec
 		}
 	}

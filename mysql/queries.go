@@ -109,7 +109,7 @@ WHERE ` + "`key`" + ` = ? AND token = ? AND state <> 2`,
 WHERE ` + "`key`" + ` = ? AND token = ? AND state <> 2`,
 		release: `DELETE FROM ` + t + " WHERE `key` = ? AND token = ? AND state <> 2",
 		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + INTERVAL ? MICROSECOND
-WHERE ` + "`key`" + ` = ? AND token = ? AND ` + held,
+WHERE ` + "`key`" + ` = ? AND token = ? AND state = 1`,
 		// Forget's first read: the record as last committed, a plain read
 		// that never waits on a row lock.
 		look: `SELECT token, state FROM ` + t + " WHERE `key` = ?",

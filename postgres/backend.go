@@ -223,7 +223,7 @@ WHERE key = $1 AND token = $2 AND state <> 2
 RETURNING txid_current()`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state <> 2`,
 		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + $3::bigint * interval '1 microsecond'
-WHERE key = $1 AND token = $2 AND state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `)`,
+WHERE key = $1 AND token = $2 AND state = 1`,
 		get:  `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND ` + live,
 		page: `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key > $1 ORDER BY key LIMIT $2`,
 		forget: `DELETE FROM ` + t + ` WHERE key = $1

@@ -347,13 +347,12 @@ redis.call('DEL', KEYS[1])
 return 1`)
 
 	// KEYS[1] key; ARGV[1] token, ARGV[2] lease (ms). A lapsed lease is
-	// not renewed.
+	// renewed too: its owner is alive (backend.Backend).
 	renewScript = redis.NewScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local _, e, st, lease, tok = string.find(v, '^(%d)|(%d*)|([^|]*)|')
 if tok ~= ARGV[1] or st ~= '1' then return 0 end
-if lease ~= '0' and tonumber(lease) <= now then return 0 end
 redis.call('SET', KEYS[1], '1|' .. (now + tonumber(ARGV[2])) .. '|' .. tok .. '|' .. string.sub(v, e + 1), 'KEEPTTL')
 return 1`)
 

@@ -204,9 +204,9 @@ WHERE key = ?1 AND state = 2 AND expires_at <= ?4 RETURNING ` + columns,
 		complete: `UPDATE ` + t + ` SET state = 2, expires_at = ?3, lease_until = NULL, value = ?4, failed = ?5, err_msg = ?6
 WHERE key = ?1 AND token = ?2 AND state <> 2`,
 		release: `DELETE FROM ` + t + ` WHERE key = ?1 AND token = ?2 AND state <> 2`,
-		renew: `UPDATE ` + t + ` SET lease_until = ?3 WHERE key = ?1 AND token = ?2 AND state = 1`,
-		get:  `SELECT ` + columns + ` FROM ` + t + ` WHERE key = ?1`,
-		each: `SELECT ` + columns + ` FROM ` + t + ` WHERE key > ?1 ORDER BY key LIMIT ?2`,
+		renew:   `UPDATE ` + t + ` SET lease_until = ?3 WHERE key = ?1 AND token = ?2 AND state = 1`,
+		get:     `SELECT ` + columns + ` FROM ` + t + ` WHERE key = ?1`,
+		each:    `SELECT ` + columns + ` FROM ` + t + ` WHERE key > ?1 ORDER BY key LIMIT ?2`,
 		// Both under the write lock, after a read of the record in the
 		// same transaction; the WHERE clause compares the token again.
 		setSteps: `UPDATE ` + t + ` SET steps = ?3 WHERE key = ?1 AND token = ?2 AND state = 1 AND (lease_until IS NULL OR lease_until > ?4)`,

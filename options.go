@@ -71,8 +71,13 @@ type Options struct {
 
 	// Lease is how long a durable claim holds without renewal, by the
 	// backend's clock (the database's, for a shared backend). While fn
-	// runs, the store renews it every third of that; a claim whose lease
-	// lapsed, because its owner died or stalled, is interrupted. The owner
+	// runs, the store renews it every quarter of that; a claim whose lease
+	// lapsed, because its owner died or stalled, is interrupted. A lapse
+	// alone is no proof (a clock can step): another store takes a lapsed
+	// claim for interrupted only once it has seen it go unrenewed for a
+	// third of its own Lease on its own monotonic clock, so stores that
+	// share a Backend must use one Lease; a claim the backend still holds,
+	// seen unrenewed for a whole Lease, is taken for a dead owner's. The owner
 	// measures the lease on its own monotonic clock from when each request
 	// left and stops trusting it a tenth of the lease early: fn's context
 	// is then cancelled (ErrLeaseLost), and its outcome is refused if

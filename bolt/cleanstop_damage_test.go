@@ -170,3 +170,46 @@ func TestCheckNeverOpenOfACyclicRecordsPageIsCorrupt(t *testing.T) {
 		})
 	}
 }
+
+// An expiry branch whose last key is damaged upward, still in order: the
+// keys of its last child are then below their branch's key, where a walk
+// lists them and a search does not find them. A sweep listed them as due,
+// its deletes found nothing, and it counted them swept, chunk after chunk
+// (219 entries swept of 150): a Store's sweep, which goes on while a batch
+// comes back full, could go round over enough of them. Now a page whose
+// keys leave its branch's range is ErrCorrupt: at Open when it checks the
+// whole file, else where a call meets it.
+func TestMisplacedExpiryKeysAreCorrupt(t *testing.T) {
+	data := soundFile(t, false)
+	path := t.TempDir() + "/misplaced.db"
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+	root := int(rootPage(t, path, bucketExpiry))
+	off := root * os.Getpagesize()
+	le := binary.NativeEndian
+	require.Equal(t, uint16(branchPageFlag), le.Uint16(data[off+8:]), "idem.expiry must have a branch root")
+	last := off + pageHeaderSize + (int(le.Uint16(data[off+10:]))-1)*elementSize
+	data[last+int(le.Uint32(data[last:]))] = 0xff // the last element's key's first byte: later than any time
+	for _, c := range []damageCase{
+		{"stamped", data, CheckUnclean},
+		{"stamped, CheckNever", data, CheckNever},
+		{"unstamped", unstamped(t, data), CheckUnclean},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.NoError(t, os.WriteFile(path, c.data, 0o600))
+			b, err := Open(path, &Options{Check: c.check, noSync: true})
+			if err != nil {
+				assert.ErrorIs(t, err, ErrCorrupt)
+				return
+			}
+			defer b.Close()
+			later := time.Now().Add(2 * time.Hour) // every entry is due
+			n, err := b.Sweep(context.Background(), later, 1000)
+			if err == nil {
+				again, err2 := b.Sweep(context.Background(), later, 1000)
+				t.Errorf("a sweep over misplaced keys saw no damage: %d entries swept of 150, then %d (%v)", n, again, err2)
+				return
+			}
+			assert.ErrorIs(t, err, ErrCorrupt)
+		})
+	}
+}

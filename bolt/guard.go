@@ -209,8 +209,9 @@ func (c *cursor) release() {
 }
 
 type ref struct {
-	p     treePage
-	index int
+	p      treePage
+	index  int
+	lo, hi []byte // the range of the page's keys, from its parents
 }
 
 // read reads and checks page id, a page of one of idem's buckets.
@@ -248,16 +249,25 @@ func (c *cursor) read(id uint64) (treePage, error) {
 	return p, nil
 }
 
-// push reads page id onto the stack.
+// push reads onto the stack the bucket's root page id, or, with a stack,
+// the child of the branch on top, at its index.
 func (c *cursor) push(id uint64) error {
 	if len(c.stack) >= maxDepth {
 		return fmt.Errorf("page %d: nested more than %d deep", id, maxDepth)
+	}
+	var lo, hi []byte
+	if n := len(c.stack); n > 0 {
+		top := c.stack[n-1]
+		lo, hi = top.p.bounds(top.index, top.lo, top.hi)
 	}
 	p, err := c.read(id)
 	if err != nil {
 		return err
 	}
-	c.stack = append(c.stack, ref{p: p})
+	if err := p.within(lo, hi); err != nil {
+		return err
+	}
+	c.stack = append(c.stack, ref{p: p, lo: lo, hi: hi})
 	return nil
 }
 
@@ -289,7 +299,11 @@ func (c *cursor) search(key []byte, root uint64, neighbours bool) error {
 		if neighbours {
 			for _, j := range []int{i - 1, i + 1} {
 				if j >= 0 && j < p.count {
-					if _, err := c.read(p.child(j)); err != nil {
+					n, err := c.read(p.child(j))
+					if err == nil {
+						err = n.within(p.bounds(j, top.lo, top.hi))
+					}
+					if err != nil {
 						return err
 					}
 				}

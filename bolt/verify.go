@@ -177,6 +177,36 @@ func errEmptyPage(id uint64) error {
 	return fmt.Errorf("page %d: no elements, below its bucket's root", id)
 }
 
+// within checks that p's keys lie in [lo, hi) (a nil bound is none), the
+// range its parent branch gives it: bbolt files a key under the last
+// branch element whose key is at most the key, so a key outside its
+// page's range is one that a search does not find, while a walk lists it
+// (a sweep would delete it for ever, and never see it go).
+func (p treePage) within(lo, hi []byte) error {
+	switch {
+	case p.count == 0:
+		return nil
+	case lo != nil && bytes.Compare(p.key(0), lo) < 0:
+		return fmt.Errorf("page %d: key %q is below its branch's key %q", p.id, p.key(0), lo)
+	case hi != nil && bytes.Compare(p.key(p.count-1), hi) >= 0:
+		return fmt.Errorf("page %d: key %q is not below its branch's next key %q", p.id, p.key(p.count-1), hi)
+	}
+	return nil
+}
+
+// bounds returns the range of keys the child of branch element i may
+// hold, in a branch whose own range is [lo, hi).
+func (p treePage) bounds(i int, lo, hi []byte) (clo, chi []byte) {
+	clo, chi = lo, hi
+	if i > 0 {
+		clo = p.key(i)
+	}
+	if i+1 < p.count {
+		chi = p.key(i + 1)
+	}
+	return clo, chi
+}
+
 // verifier walks a file's pages from its meta: every page reachable once,
 // within the file, every element within its page, and a freelist that
 // names only pages that are within the file and not in use.
@@ -197,7 +227,7 @@ type verifier struct {
 // free page found in use among them).
 func verifyFile(r io.ReaderAt, m meta, only ...[]byte) error {
 	v := &verifier{r: r, m: m, reachable: map[uint64]bool{0: true, 1: true}, only: only}
-	if err := v.tree(m.root, 0, true, true); err != nil {
+	if err := v.tree(m.root, 0, true, true, nil, nil); err != nil {
 		return err
 	}
 	return v.freelist()
@@ -233,8 +263,9 @@ func (v *verifier) page(id uint64) (treePage, error) {
 
 // tree checks the branch or leaf page id and everything under it; top
 // says it is a page of the root bucket, whose elements are the top-level
-// buckets, and root that it is a bucket's root page.
-func (v *verifier) tree(id uint64, depth int, top, root bool) error {
+// buckets, root that it is a bucket's root page, and [lo, hi) is the
+// range of its keys.
+func (v *verifier) tree(id uint64, depth int, top, root bool, lo, hi []byte) error {
 	if depth > maxDepth {
 		return fmt.Errorf("page %d: nested more than %d deep", id, maxDepth)
 	}
@@ -248,9 +279,13 @@ func (v *verifier) tree(id uint64, depth int, top, root bool) error {
 	if !root && p.count == 0 {
 		return errEmptyPage(id)
 	}
+	if err := p.within(lo, hi); err != nil {
+		return err
+	}
 	for i := range p.count {
 		if p.branch() {
-			if err := v.tree(p.child(i), depth+1, top, false); err != nil {
+			clo, chi := p.bounds(i, lo, hi)
+			if err := v.tree(p.child(i), depth+1, top, false, clo, chi); err != nil {
 				return err
 			}
 			continue
@@ -259,7 +294,7 @@ func (v *verifier) tree(id uint64, depth int, top, root bool) error {
 			continue
 		}
 		if root, _ := p.bucketRoot(i); root != 0 {
-			if err := v.tree(root, depth+1, false, true); err != nil {
+			if err := v.tree(root, depth+1, false, true, nil, nil); err != nil {
 				return err
 			}
 		}

@@ -43,11 +43,11 @@ type Options struct {
 	// checks, from the file, the pages of idem's buckets that bbolt is
 	// about to read for it (a few a call, one a level of the tree), so
 	// that damage it meets is ErrCorrupt, never a hang, a crash or a file
-	// that grows without bound. The buckets of your own that RunOnceTx,
-	// Update and View hand you are read by bbolt unchecked: only the whole
-	// check looks at them. The zero value, CheckUnclean, checks the whole
-	// file unless this package's Close was the last to write it, with no
-	// claim pending.
+	// that grows without bound. What a fn given a *bbolt.Tx (RunOnceTx,
+	// Update, View) reads through it, such as buckets of your own, bbolt
+	// reads unchecked: only the whole check looks at those pages. The
+	// zero value, CheckUnclean, checks the whole file unless this
+	// package's Close was the last to write it, with no claim pending.
 	Check Check
 
 	// noSync skips fsync: for tests that measure memory, not durability.

@@ -1,24 +1,183 @@
-// Package svctest decides what a test does when the service it needs
-// (PostgreSQL, Redis) is not configured, or not usable as configured: on a
-// developer's machine it skips with the reason; in CI it fails, since a
-// skipped test there would pass without having run.
+// Package svctest decides where a test finds the service it needs
+// (PostgreSQL, MySQL/MariaDB, Redis, a Redis Cluster, NATS JetStream,
+// RabbitMQ), what it does when there is none, and whether the long
+// explorations run. It is the one home of these rules, so that a plain
+// `go test ./...` runs every service test on a machine with the services
+// at their standard local addresses, and says in one line per package what
+// it skipped and why.
+//
+// The address of a service is, in order:
+//
+//   - the environment variable that names it (IDEM_POSTGRES_DSN,
+//     IDEM_MYSQL_DSN, IDEM_REDIS_ADDR, IDEM_REDIS_CLUSTER_ADDRS,
+//     IDEM_NATS_URL, IDEM_AMQP_URL), used as it is;
+//   - the variable set to the empty string turns that service off: its
+//     tests skip;
+//   - unset, the service's standard local address, if something answers
+//     there within a short dial (200 ms); the variable is then set to it,
+//     so that a child process the test starts finds it too. A Redis
+//     Cluster has no standard address: unset, its tests skip.
+//
+// A test that cannot have its service skips with the reason on a
+// developer's machine; in CI (the CI environment variable true, as CI
+// services and .ci/run set it) it fails instead, since a skipped test
+// there would pass without having run.
+//
+// The long explorations (model budgets, kill loops, big files, full
+// sweeps) run in full only with IDEM_LONG true (.ci/run sets it); the
+// default run keeps a short version of each (Long, SkipUnlessLong).
 package svctest
 
 import (
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 )
+
+// LongEnv is the one switch for the long explorations.
+const LongEnv = "IDEM_LONG"
+
+// dialTimeout is how long a standard local address has to answer before
+// its service is taken for absent.
+const dialTimeout = 200 * time.Millisecond
+
+// A service is one the tests may need: the variable that names it, its
+// standard local address, and the address to dial to see that it is up.
+type service struct {
+	name string // for a reason: "PostgreSQL"
+	env  string // the variable that names it
+	def  string // the value used when env is unset; "" if it has none
+	dial string // host:port to dial for def
+
+	once  sync.Once
+	value string // the resolved value, or "" with why
+	why   string // why there is none
+}
+
+// The services, with the variables and standard addresses README.md's
+// "Run it" section lists (internal/doccheck checks that it does).
+var (
+	postgres = &service{name: "PostgreSQL", env: "IDEM_POSTGRES_DSN",
+		def: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", dial: "127.0.0.1:5432"}
+	mysql = &service{name: "MySQL/MariaDB", env: "IDEM_MYSQL_DSN",
+		def: "root@tcp(127.0.0.1:3306)/test", dial: "127.0.0.1:3306"}
+	redis = &service{name: "Redis", env: "IDEM_REDIS_ADDR",
+		def: "127.0.0.1:6379", dial: "127.0.0.1:6379"}
+	redisCluster = &service{name: "a Redis Cluster", env: "IDEM_REDIS_CLUSTER_ADDRS"}
+	nats         = &service{name: "NATS JetStream", env: "IDEM_NATS_URL",
+		def: "nats://127.0.0.1:4222", dial: "127.0.0.1:4222"}
+	amqp = &service{name: "RabbitMQ", env: "IDEM_AMQP_URL",
+		def: "amqp://guest:guest@127.0.0.1:5672/", dial: "127.0.0.1:5672"}
+)
+
+// Services lists every service, for a check that the docs name them all.
+func Services() []struct{ Env, Default string } {
+	var out []struct{ Env, Default string }
+	for _, s := range []*service{postgres, mysql, redis, redisCluster, nats, amqp} {
+		out = append(out, struct{ Env, Default string }{s.env, s.def})
+	}
+	return out
+}
+
+// Postgres returns the DSN of the PostgreSQL server the tests use, or
+// skips t (fails it in CI) when there is none.
+func Postgres(t testing.TB) string { t.Helper(); return postgres.need(t) }
+
+// MySQL returns the DSN (go-sql-driver/mysql's form) of the MySQL or
+// MariaDB server the tests use, or skips t (fails it in CI).
+func MySQL(t testing.TB) string { t.Helper(); return mysql.need(t) }
+
+// Redis returns the host:port of the single Redis node the tests use, or
+// skips t (fails it in CI).
+func Redis(t testing.TB) string { t.Helper(); return redis.need(t) }
+
+// RedisCluster returns the addresses of the Redis Cluster's nodes
+// (IDEM_REDIS_CLUSTER_ADDRS, comma-separated; .ci/redis-cluster starts
+// one), or skips t (fails it in CI).
+func RedisCluster(t testing.TB) []string {
+	t.Helper()
+	return strings.Split(redisCluster.need(t), ",")
+}
+
+// NATS returns the URL of the NATS server, with JetStream, the tests use,
+// or skips t (fails it in CI).
+func NATS(t testing.TB) string { t.Helper(); return nats.need(t) }
+
+// AMQP returns the URL of the RabbitMQ broker the tests use, or skips t
+// (fails it in CI).
+func AMQP(t testing.TB) string { t.Helper(); return amqp.need(t) }
+
+// need returns the service's address, or skips t with why there is none.
+func (s *service) need(t testing.TB) string {
+	t.Helper()
+	s.once.Do(s.resolve)
+	if s.value == "" {
+		Skipf(t, "%s", s.why)
+	}
+	return s.value
+}
+
+// resolve finds the service's address by the rules in the package doc.
+func (s *service) resolve() {
+	v, set := os.LookupEnv(s.env)
+	switch {
+	case set && v != "":
+		s.value = v
+	case set:
+		s.why = fmt.Sprintf("no %s: %s is set empty, which turns it off", s.name, s.env)
+	case s.def == "":
+		s.why = fmt.Sprintf("no %s: %s is not set (it has no standard address)", s.name, s.env)
+	default:
+		c, err := net.DialTimeout("tcp", s.dial, dialTimeout)
+		if err != nil {
+			s.why = fmt.Sprintf("no %s: nothing answers at its standard address %s within %v and %s is not set",
+				s.name, s.dial, dialTimeout, s.env)
+			return
+		}
+		c.Close()
+		s.value = s.def
+		// A child process the test starts reads the variable.
+		os.Setenv(s.env, s.def)
+	}
+}
 
 // Skipf skips t with the reason the format gives, or fails t with it when
 // the CI environment variable is true (as CI services and .ci/run set it).
+// Main's summary counts the skip.
 func Skipf(t testing.TB, format string, args ...any) {
 	t.Helper()
 	why := fmt.Sprintf(format, args...)
 	if inCI() {
 		t.Fatalf("%s (CI is set: there a test that needs a service fails instead of skipping)", why)
 	}
+	skipped.add(why)
+	t.Skip(why)
+}
+
+// Long reports whether the long explorations run in full: IDEM_LONG holds
+// a true value ("1", "true", ...), as .ci/run sets it.
+func Long() bool {
+	long, _ := strconv.ParseBool(os.Getenv(LongEnv))
+	return long
+}
+
+// SkipUnlessLong skips t, a long exploration whose short version runs
+// elsewhere in the default run, unless Long. Main's summary counts the
+// skip. It skips in CI too (CI without IDEM_LONG asked for the short run).
+func SkipUnlessLong(t testing.TB, what string) {
+	t.Helper()
+	if Long() {
+		return
+	}
+	why := fmt.Sprintf("long: %s runs with %s=1 (.ci/run sets it)", what, LongEnv)
+	skipped.add(why)
 	t.Skip(why)
 }
 
@@ -27,4 +186,95 @@ func Skipf(t testing.TB, format string, args ...any) {
 func inCI() bool {
 	ci, _ := strconv.ParseBool(os.Getenv("CI"))
 	return ci
+}
+
+// Main runs the package's tests, then Summary, and exits with their
+// status: a package's TestMain is func TestMain(m *testing.M) {
+// svctest.Main(m) }.
+func Main(m *testing.M) {
+	code := m.Run()
+	Summary()
+	os.Exit(code)
+}
+
+// skipped counts the skips Skipf and SkipUnlessLong made, by reason.
+var skipped = &skips{n: map[string]int{}}
+
+type skips struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (s *skips) add(why string) {
+	s.mu.Lock()
+	s.n[why]++
+	s.mu.Unlock()
+}
+
+// line is the summary: "" if nothing was skipped, else one line naming
+// the package, how many tests were skipped, and each reason.
+func (s *skips) line(pkg string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.n) == 0 {
+		return ""
+	}
+	total := 0
+	var reasons []string
+	for why, n := range s.n {
+		total += n
+		reasons = append(reasons, fmt.Sprintf("%d: %s", n, why))
+	}
+	sort.Strings(reasons)
+	return fmt.Sprintf("svctest: %s: %d tests skipped (%s)", pkg, total, strings.Join(reasons, "; "))
+}
+
+// Summary prints one line saying how many tests Skipf and SkipUnlessLong
+// skipped and why, if they skipped any. It goes to standard output, and
+// also to the terminal (/dev/tty) when the test binary's output is not
+// shown: `go test ./...` prints only "ok" for a package that passed, so a
+// skip would otherwise go unseen.
+func Summary() {
+	line := skipped.line(packageDir())
+	if line == "" {
+		return
+	}
+	fmt.Println(line)
+	if testing.Verbose() || isTerminal(os.Stdout) {
+		return // the line above is seen
+	}
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		fmt.Fprintln(tty, line)
+		tty.Close()
+	}
+}
+
+// isTerminal reports whether f is a character device, as a terminal is.
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// packageDir names the package under test by its directory relative to
+// the module's root ("./postgres"): go test runs a test binary in its
+// package's directory.
+func packageDir() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return filepath.Base(os.Args[0])
+	}
+	for dir := wd; ; {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			rel, err := filepath.Rel(dir, wd)
+			if err != nil || rel == "." {
+				return "."
+			}
+			return "./" + filepath.ToSlash(rel)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return wd
+		}
+		dir = parent
+	}
 }

@@ -30,16 +30,19 @@
 // Isolation: statements the backend sends alone run in autocommit, at the
 // session's level (REPEATABLE READ by default); the claim and every write
 // are correct at any level. One chosen as a deadlock victim (1213), or
-// that waited out innodb_lock_wait_timeout (1205), was rolled back and is
-// sent again until its ctx ends, so callers never see one: concurrent
-// inserts of one key deadlock on their next-key locks under REPEATABLE
-// READ. A statement that may meet a RunOnceTx's uncommitted claim (a
-// claim, a takeover, a Forget) waits for its row lock one second at most,
-// not innodb_lock_wait_timeout, and is sent again while its ctx allows:
-// one whose caller gave up must not wait on at the server, and land later.
-// A Forget that meets such a lock answers idem.ErrInProgress, whether the
-// transaction is still in flight when the wait ends or committed during it:
-// Forget deletes only the record it read before it waited. The sweep,
+// cut short by one of the operator's limits (innodb_lock_wait_timeout,
+// 1205; MariaDB's max_statement_time, 1969; MySQL's max_execution_time,
+// 3024), was rolled back and is sent again until its ctx ends, so callers
+// never see one: concurrent inserts of one key deadlock on their next-key
+// locks under REPEATABLE READ, and a claim waits on a RunOnceTx's
+// uncommitted claim for as long as its fn runs. A statement that may meet
+// such a claim (a claim, a takeover, a Forget) waits for its row lock one
+// second at most, not innodb_lock_wait_timeout, and is sent again while
+// its ctx allows: one whose caller gave up must not wait on at the server,
+// and land later. A Forget that meets such a lock, or is cut short by a
+// limit, answers idem.ErrInProgress, whether the transaction is still in
+// flight when the wait ends or committed during it: Forget deletes only
+// the record it read before it waited. The sweep,
 // and the transactions the backend opens itself
 // (RecordStep, RunOnceTx), are READ COMMITTED: they lock the rows they
 // touch, not the gaps between them, where claims insert.
@@ -373,12 +376,13 @@ func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
 	return nil
 }
 
-// inFlight explains err, a Forget's statement's: one that waited out its
-// lock wait met a row locked by a transaction in flight, a RunOnceTx's
-// uncommitted claim, which may yet commit its outcome: the key is in
-// progress, not a conflict to retry (%v: not retried()'s).
+// inFlight explains err, a Forget's statement's: one that the server cut
+// short at one of its limits (a lock wait, a statement's time) met a row
+// locked by a transaction in flight, a RunOnceTx's uncommitted claim,
+// which may yet commit its outcome: the key is in progress, not a
+// conflict to retry (%v: not retried()'s).
 func inFlight(key string, err error) error {
-	if lockWaited(err) {
+	if cutShort(err) {
 		return fmt.Errorf("%w: key %q is held by a transaction in flight (%v)", idem.ErrInProgress, key, err)
 	}
 	return err

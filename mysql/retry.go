@@ -12,13 +12,15 @@ import (
 
 // retried runs f, which sends one statement outside any transaction of
 // the caller's, and runs it again while it fails as a deadlock victim
-// (1213) or after waiting out innodb_lock_wait_timeout for a row lock
-// (1205), until ctx ends. InnoDB rolls such a statement back, and running
-// it again is what MySQL prescribes: concurrent inserts of one key, under
-// the REPEATABLE READ default, deadlock on their next-key locks, and an
-// insert meets the row lock of a RunOnceTx that holds the key for as long
-// as its fn runs. The wait between attempts grows from 1 ms to 64 ms, with
-// jitter, so that the conflicting callers do not meet again.
+// (1213) or cut short by one of the server's limits (cutShort: a lock
+// wait, a statement's time), until ctx ends. The server rolls such a
+// statement back, and running it again is what MySQL prescribes:
+// concurrent inserts of one key, under the REPEATABLE READ default,
+// deadlock on their next-key locks, and an insert meets the row lock of a
+// RunOnceTx that holds the key for as long as its fn runs, however much
+// longer than an operator's limits that is. The wait between attempts
+// grows from 1 ms to 64 ms, with jitter, so that the conflicting callers
+// do not meet again.
 func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	for attempt := 0; ; attempt++ {
 		v, err := f()
@@ -36,6 +38,8 @@ func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 const (
 	errLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
 	errDeadlock        = 1213 // ER_LOCK_DEADLOCK
+	errStatementTime   = 1969 // MariaDB's ER_STATEMENT_TIMEOUT: max_statement_time exceeded
+	errExecutionTime   = 3024 // MySQL 8's ER_QUERY_TIMEOUT: max_execution_time exceeded (a SELECT)
 	errNetPacketLarge  = 1153 // ER_NET_PACKET_TOO_LARGE: a request bigger than max_allowed_packet
 	errPacketLarge     = 1301 // ER_WARN_ALLOWED_PACKET_OVERFLOWED: a result that would be
 )
@@ -47,15 +51,26 @@ func conflicted(err error) bool {
 		return false // before me, which escapes: no allocation on success
 	}
 	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == errDeadlock || me.Number == errLockWaitTimeout)
+	return errors.As(err, &me) && me.Number == errDeadlock || cutShort(err)
 }
 
-// lockWaited reports whether err is the server's answer to a statement
-// that waited out innodb_lock_wait_timeout for another transaction's row
-// lock.
-func lockWaited(err error) bool {
+// cutShort reports whether err is the server's answer to a statement it
+// interrupted at one of its operator's limits, which it rolled back: a
+// wait for another transaction's row lock longer than
+// innodb_lock_wait_timeout (1205), or a statement longer than MariaDB's
+// max_statement_time (1969) or MySQL's max_execution_time (3024). A
+// statement of the backend's takes that long only when it waits on a
+// lock: a RunOnceTx's uncommitted claim, held while its fn runs.
+func cutShort(err error) bool {
 	var me *mysql.MySQLError
-	return err != nil && errors.As(err, &me) && me.Number == errLockWaitTimeout
+	if err == nil || !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case errLockWaitTimeout, errStatementTime, errExecutionTime:
+		return true
+	}
+	return false
 }
 
 // answered reports whether err is a refusal of a statement before it

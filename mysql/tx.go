@@ -35,8 +35,9 @@ import (
 // waits under its own ctx: if ctx ends first, RunOnceTx returns an error
 // that matches both idem.ErrInProgress and ctx.Err(), and the transaction
 // goes on for the duplicates waiting on it. The transaction is READ
-// COMMITTED; a duplicate that waits longer than innodb_lock_wait_timeout
-// asks again, until its work's context ends.
+// COMMITTED; a duplicate that waits longer than innodb_lock_wait_timeout,
+// or than the server's max_statement_time (MariaDB) or max_execution_time
+// (MySQL), begins again, until its work's context ends.
 //
 // The transaction runs on a connection held for it alone, with autocommit
 // off: a transaction the server ends without fn ending it (InnoDB rolls a

@@ -3,8 +3,11 @@ package bolt
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
 	"github.com/seed094d4201/idem/internal/txtest"
 	"github.com/stretchr/testify/require"
 	bbolt "go.etcd.io/bbolt"
@@ -57,4 +60,21 @@ func itob(v uint64) []byte {
 		b[7-i] = byte(v >> (8 * i))
 	}
 	return b
+}
+
+// idemtest's session-clock check: bolt's instants are the store's
+// Options.Now, which fn's transaction cannot move, so the shift does
+// nothing.
+func TestRunOnceTxSessionClock(t *testing.T) {
+	idemtest.RunSessionClock(t, idemtest.SessionClockHarness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, _ := openTemp(t, nil)
+			return b
+		},
+		RunOnceTx: func(ctx context.Context, s *idem.Store[int], key string, payload any, fn func(context.Context, func(time.Duration) error) (int, error)) (int, error) {
+			return RunOnceTx(ctx, s, key, payload, func(ctx context.Context, _ *bbolt.Tx) (int, error) {
+				return fn(ctx, func(time.Duration) error { return nil })
+			})
+		},
+	})
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
 	"github.com/seed094d4201/idem/internal/txtest"
 	"github.com/stretchr/testify/require"
 )
@@ -38,6 +41,23 @@ func TestRunOnceTx(t *testing.T) {
 					err := tx.QueryRowContext(ctx, `INSERT INTO moves (note) VALUES (?) RETURNING id`, key).Scan(&id)
 					return id, err
 				})
+			})
+		},
+	})
+}
+
+// idemtest's session-clock check: SQLite's instants are the store's
+// Options.Now, which fn's transaction cannot move, so the shift does
+// nothing.
+func TestRunOnceTxSessionClock(t *testing.T) {
+	idemtest.RunSessionClock(t, idemtest.SessionClockHarness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, _ := testBackend(t)
+			return b
+		},
+		RunOnceTx: func(ctx context.Context, s *idem.Store[int], key string, payload any, fn func(context.Context, func(time.Duration) error) (int, error)) (int, error) {
+			return RunOnceTx(ctx, s, key, payload, func(ctx context.Context, _ *sql.Tx) (int, error) {
+				return fn(ctx, func(time.Duration) error { return nil })
 			})
 		},
 	})

@@ -49,6 +49,7 @@ func (w *world) table() []action {
 			{"crash", 1, w.actCrash},
 			{"drop", 1, w.actDrop},
 			{"reconcile pinned", 1, w.actReconcilePinned},
+			{"step past a live owner", 1, w.actStepPastLiveOwner},
 		}...)
 	}
 	return t
@@ -340,12 +341,32 @@ func (w *world) actClock(rt *rapid.T) {
 	if d < modelLease || w.h.ServerClock && w.b != nil {
 		return // nothing lapses or expires on the backend's clock
 	}
-	w.disturbAll()
-	// Every outcome expired; with RetryInterrupted or Resume, a lease
-	// that seemed to lapse lets another store take the key.
-	retake := w.opts.RetryInterrupted || w.opts.Resume
-	w.hist.point(permit{why: "the clock stepped past every lease", store: -1, valid: retake})
+	// Every outcome expired. A lease that seems to lapse is no reason
+	// for anything: its owner, if alive, renews it, and a store takes a
+	// key over (or answers ErrOutcomeUnknown) only for an owner that
+	// died or stalled (a kill, a renew outage), whatever the clock did.
 	w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true, at: w.clock.Now()})
+}
+
+// actStepPastLiveOwner is the clock stepping forward past a live owner's
+// lease: an execution blocks in one store, the clock steps, and the other
+// store calls the key (taking it over, with RetryInterrupted or Resume,
+// were a lapse proof of death). Nothing permits the key to run again.
+func (w *world) actStepPastLiveOwner(rt *rapid.T) {
+	key := w.drawKey(rt)
+	owner, other := w.stores[0], w.stores[len(w.stores)-1]
+	w.hist.note("scenario: the clock steps past the lease of %s's live owner in store %d", key, owner.id)
+	w.mu.Lock()
+	full := len(w.gates) >= 3
+	w.mu.Unlock()
+	if !full {
+		w.async(&modelCall{ms: owner, via: "RunOnce", key: key, payload: "p", p: plan{end: "block"}, timeout: modelCallCtx})
+	}
+	w.clock.step(modelStep)
+	if !(w.h.ServerClock && w.b != nil) {
+		w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true, at: w.clock.Now()})
+	}
+	w.sync(rt, &modelCall{ms: other, via: "RunOnce", key: key, payload: "p", p: plan{end: "ok"}, timeout: modelCallCtx})
 }
 
 func (w *world) actSleep(rt *rapid.T) {

@@ -345,10 +345,8 @@ func (w *world) catchUp() {
 	w.hist.note("the clock catches up: %v", d)
 	w.clock.step(d)
 	w.unpin("")
-	retake := w.opts.RetryInterrupted || w.opts.Resume
-	w.hist.point(permit{why: "the clock stepped past every lease", store: -1, valid: retake})
+	// No reason for a takeover, as for any step (actClock).
 	w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true, at: w.clock.Now()})
-	w.disturbAll()
 }
 
 // record reads key's record from the backend itself.

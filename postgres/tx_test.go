@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/idemtest"
 	"github.com/seed094d4201/idem/internal/txrun"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -151,4 +153,27 @@ func TestRunOnceTxSweptDuringTakeover(t *testing.T) {
 	v, err := RunOnceTx(context.Background(), s, "k", "p", func(context.Context, pgx.Tx) (int, error) { return 2, nil })
 	require.NoError(t, err)
 	assert.Equal(t, 2, v)
+}
+
+// idemtest's session-clock check. A PostgreSQL session cannot move now();
+// the nearest it comes is its time zone, which fn sets d/3600 hours off
+// (within the ±15 hours an interval zone may be), and which moves no
+// instant.
+func TestRunOnceTxSessionClock(t *testing.T) {
+	pool := testPool(t)
+	idemtest.RunSessionClock(t, idemtest.SessionClockHarness{
+		Backend: func(t *testing.T) backend.Backend {
+			b, _ := testBackend(t, pool)
+			return b
+		},
+		RunOnceTx: func(ctx context.Context, s *idem.Store[int], key string, payload any, fn func(context.Context, func(time.Duration) error) (int, error)) (int, error) {
+			return RunOnceTx(ctx, s, key, payload, func(ctx context.Context, tx pgx.Tx) (int, error) {
+				return fn(ctx, func(d time.Duration) error {
+					h := max(min(int(d.Hours()), 15), -15)
+					_, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL TIME ZONE INTERVAL '%+d:00' HOUR TO MINUTE", h))
+					return err
+				})
+			})
+		},
+	})
 }

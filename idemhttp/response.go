@@ -37,7 +37,8 @@ type Response struct {
 // handler ran and answered with the replayed status, and the header's value
 // says why the body is missing ("streamed", "too-large", "truncated" or
 // "hijacked"; a handler that took the connection over before sending a
-// status answered on it unseen, and is replayed as 200 OK). A client must
+// status, or after a 101 Switching Protocols, answered on it unseen, and
+// is replayed as 200 OK). A client must
 // not run the request again to get the body; it can fetch the resource (the
 // replay keeps Location) instead.
 const BodyOmittedHeader = "Idempotent-Body-Omitted"
@@ -339,11 +340,13 @@ func (r *recorder) complete() bool { return !r.oversized && !r.streamed && !r.hi
 // never run again.
 //
 // A handler that took the connection over before sending a status (as
-// container APIs' attach endpoints do) answered on it, in a protocol the
-// recorder does not read: it finished all the same, so it is remembered
-// as done, a 200 OK with no headers and no body, Omitted "hijacked".
+// container APIs' attach endpoints do), or after a 101 Switching
+// Protocols (as WebSocket libraries upgrade), answered on it, in a
+// protocol the recorder does not read: it finished all the same, so it
+// is remembered as done, a 200 OK with no headers and no body, Omitted
+// "hijacked". A 101 is no answer to replay: a retry cannot switch.
 func (r *recorder) response() (Response, bool) {
-	if r.hijacked && r.resp.Status == 0 {
+	if r.hijacked && (r.resp.Status == 0 || r.resp.Status == http.StatusSwitchingProtocols) {
 		return Response{Status: http.StatusOK, Omitted: "hijacked"}, true
 	}
 	if r.released && r.resp.Status == 0 && !r.streamed {

@@ -21,8 +21,8 @@ var ErrLeaseLost = errors.New("idem: lease lost: the claim can no longer be trus
 func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 
 // renewEvery is how often an owner renews its lease: a quarter of it, so
-// that a store watching a lapsed claim for a third of the lease
-// (watchLapsed) sees a live owner's renewal land, with a twelfth to spare.
+// that a store watching a lapsed claim for a whole lease (watchLapsed)
+// sees a live owner's renewal land, with time for retries to spare.
 func renewEvery(lease time.Duration) time.Duration { return lease / 4 }
 
 // renew keeps claim's lease alive: a quarter of the lease after each grant

@@ -23,14 +23,22 @@ import (
 //   - a lapsed claim, seen unrenewed for watchLapsed on this process's
 //     monotonic clock: a live owner renews every renewEvery, and its
 //     renewal revives a lease a step made lapse (backend.Backend's Renew);
+//     an owner cut off from the backend renews nothing, and has stopped
+//     trusting its claim by then (leaseTrust);
 //   - a claim the backend still holds pending, seen unrenewed for a whole
 //     lease on this clock: its owner stopped trusting it by then
 //     (leaseTrust), whatever the backend's clock says.
 
 // watchLapsed is how long a lapsed claim must be seen unrenewed before it
-// is taken for interrupted: a third of the lease, which a live owner's
-// renewal (every quarter) never lets pass.
-func watchLapsed(lease time.Duration) time.Duration { return lease / 3 }
+// is taken for interrupted: a whole lease. A live owner's renewal (every
+// quarter) shows well within it; and an owner whose renewals cannot get
+// through (cut off from the backend) goes on trusting its claim for
+// leaseTrust from when its last renewal that landed left, before this
+// store first saw the record that renewal wrote: its trust has ended when
+// the watch does, however far the backend's clock stepped forward. (A
+// third of the lease, as it was, handed a cut-off owner's key to another
+// store while fn still ran under a live context.)
+func watchLapsed(lease time.Duration) time.Duration { return lease }
 
 // watchPending is how long a claim the backend holds pending must be seen
 // unrenewed before its owner is taken for dead: a whole lease, past any
@@ -112,7 +120,7 @@ func (s *Store[R]) awaitOwner(ctx context.Context, rec backend.Record) (backend.
 		case !unchanged(got, rec):
 			rec, since = got, time.Now() // renewed: its owner is alive
 		}
-		wait = min(2*wait, pollMax, max(watchLapsed(lease)/4, pollMin))
+		wait = min(2*wait, pollMax, max(lease/12, pollMin))
 		timer.Reset(wait)
 	}
 }

@@ -326,7 +326,10 @@ func TestHostileStaleOwnerAfterResume(t *testing.T) {
 	assert.Equal(t, "fresh", got)
 	close(wake)
 	r := <-done
-	assert.ErrorIs(t, lateStep, backend.ErrNotOwner)
+	// Refused: its trust ended before the other store took the key over
+	// (TestPartitionedOwnerKeepsItsKeyThroughAClockStep), or the backend
+	// refuses its token.
+	assert.True(t, errors.Is(lateStep, idem.ErrLeaseLost) || errors.Is(lateStep, backend.ErrNotOwner), "late step: %v", lateStep)
 	assert.NoError(t, r.err, "the stale owner's work took effect: it is answered")
 	assert.ErrorIs(t, un.Of("k"), backend.ErrNotOwner, "the stale owner's outcome is not recorded")
 	rec, _, err := mem.Get(context.Background(), "k", clock.Now())

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -148,24 +149,27 @@ const (
 // discard reads what is left of body, up to drainBytes, and closes it,
 // or closes it unread once bound has passed, and returns a channel closed
 // when it is done, at bound at the latest: the caller never waits on the
-// body longer, whatever its Close does.
+// body longer, whatever its Read or Close does (an HTTP/2 body's Close
+// may wait on the connection's writes).
 func discard(body io.ReadCloser, bound time.Duration) <-chan struct{} {
-	read := make(chan struct{})
+	var once sync.Once
+	closeBody := func() { once.Do(func() { body.Close() }) }
+	closed := make(chan struct{})
 	go func() {
-		defer close(read)
+		defer close(closed)
 		_, _ = io.Copy(io.Discard, io.LimitReader(body, drainBytes))
+		closeBody()
 	}()
 	done := make(chan struct{})
 	go func() {
 		timer := time.NewTimer(bound)
 		defer timer.Stop()
 		select {
-		case <-read:
-			body.Close()
+		case <-closed:
 			close(done)
 		case <-timer.C:
 			close(done)
-			body.Close() // ends the blocked Read (net/http's bodies allow it), and the connection with it
+			closeBody() // ends a blocked Read (net/http's bodies allow it), and the connection with it
 		}
 	}()
 	return done

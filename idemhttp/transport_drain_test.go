@@ -115,3 +115,50 @@ func TestTransportRetriesAnAnswerWithoutABody(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.Equal(t, int32(2), base.attempts.Load())
 }
+
+// stuckClose is a body read whole at once whose Close blocks until
+// release is closed, as an HTTP/2 body's may while the connection's
+// writes are stalled.
+type stuckClose struct {
+	io.Reader
+	release <-chan struct{}
+}
+
+func (b stuckClose) Close() error { <-b.release; return nil }
+
+// stuckBusy answers 503 with Retry-After: 0 and a stuckClose body, then
+// 201.
+type stuckBusy struct {
+	attempts atomic.Int32
+	release  chan struct{}
+}
+
+func (b *stuckBusy) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.attempts.Add(1) == 1 {
+		return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"0"}},
+			Body: stuckClose{strings.NewReader("busy"), b.release}, Request: r}, nil
+	}
+	return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+}
+
+// A retried answer's body whose Close blocks never holds the retry
+// back: the drain's bound covers the close as well as the reads.
+func TestTransportRetriesPastABodyWhoseCloseBlocks(t *testing.T) {
+	base := &stuckBusy{release: make(chan struct{})}
+	defer close(base.release)
+	req, err := http.NewRequest(http.MethodPost, "http://example.invalid/", strings.NewReader("{}"))
+	require.NoError(t, err)
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, err := (&idemhttp.Transport{Base: base, MinBackoff: time.Millisecond}).RoundTrip(req)
+		assert.NoError(t, err)
+		done <- resp
+	}()
+	select {
+	case resp := <-done:
+		require.NotNil(t, resp)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Transport waits for the retried answer's Close")
+	}
+}

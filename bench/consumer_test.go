@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"github.com/seed094d4201/idem/idemqueue"
 	"github.com/seed094d4201/idem/idemqueue/idemnats"
 	"github.com/seed094d4201/idem/idemqueue/idemrabbit"
+	"github.com/seed094d4201/idem/internal/svctest"
 	bbolt "go.etcd.io/bbolt"
 )
 
@@ -104,8 +104,8 @@ func BenchmarkConsumer(b *testing.B) {
 		for _, store := range []string{"bolt", "postgres"} {
 			for _, impl := range []string{"idem", "bare"} {
 				b.Run(fmt.Sprintf("broker=%s/store=%s/impl=%s", broker.name, store, impl), func(b *testing.B) {
-					if store == "postgres" && os.Getenv("IDEM_POSTGRES_DSN") == "" {
-						b.Skip("IDEM_POSTGRES_DSN is not set")
+					if store == "postgres" {
+						svctest.Postgres(b) // or skip
 					}
 					broker.run(b, store, impl == "bare")
 				})
@@ -119,10 +119,7 @@ func BenchmarkConsumer(b *testing.B) {
 // hands each message to one of 16 workers, which handle it through
 // idemnats (or run the handler and Ack, bare).
 func benchJetStream(b *testing.B, store string, bare bool) {
-	url := os.Getenv("IDEM_NATS_URL")
-	if url == "" {
-		b.Skip("IDEM_NATS_URL is not set")
-	}
+	url := svctest.NATS(b)
 	nc, err := nats.Connect(url)
 	if err != nil {
 		b.Fatal(err)
@@ -237,10 +234,7 @@ func benchJetStream(b *testing.B, store string, bare bool) {
 // loop Run has (one goroutine a delivery, at most 16 at once) that runs
 // the handler and acks.
 func benchRabbitMQ(b *testing.B, store string, bare bool) {
-	url := os.Getenv("IDEM_AMQP_URL")
-	if url == "" {
-		b.Skip("IDEM_AMQP_URL is not set")
-	}
+	url := svctest.AMQP(b)
 	admin, err := amqp.Dial(url)
 	if err != nil {
 		b.Fatal(err)

@@ -384,10 +384,7 @@ func sqliteUsage(b *testing.B, db *sql.DB, path string, want int) map[string]flo
 // autovacuum off for it so that the size is the one as written (dead row
 // versions included); the table is dropped at the end.
 func costPostgres(b *testing.B) (backend.Backend, func() map[string]float64) {
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		svctest.Skipf(b, "IDEM_POSTGRES_DSN is not set: set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to measure PostgreSQL")
-	}
+	dsn := svctest.Postgres(b)
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -458,10 +455,7 @@ func costPostgres(b *testing.B) (backend.Backend, func() map[string]float64) {
 // deleted at the end. The client's connections are opened before the
 // baseline, so that used_memory's delta holds no new clients' buffers.
 func costRedis(b *testing.B) (backend.Backend, func() map[string]float64) {
-	addr := os.Getenv("IDEM_REDIS_ADDR")
-	if addr == "" {
-		svctest.Skipf(b, "IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to measure Redis")
-	}
+	addr := svctest.Redis(b)
 	ctx := context.Background()
 	rdb := goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: 64})
 	b.Cleanup(func() { rdb.Close() })

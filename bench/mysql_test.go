@@ -4,12 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/mysql"
 )
 
@@ -17,10 +17,7 @@ import (
 // package doc advises (one round trip per statement), for idem and the
 // raw statements alike; it skips without the variable.
 func mysqlDB(b *testing.B) *sql.DB {
-	dsn := os.Getenv("IDEM_MYSQL_DSN")
-	if dsn == "" {
-		b.Skip("IDEM_MYSQL_DSN is not set")
-	}
+	dsn := svctest.MySQL(b)
 	sep := "?"
 	if strings.Contains(dsn, "?") {
 		sep = "&"

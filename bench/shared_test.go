@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/postgres"
 	"github.com/seed094d4201/idem/redis"
 )
@@ -20,10 +20,7 @@ import (
 // without IDEM_POSTGRES_DSN or IDEM_REDIS_ADDR.
 
 func pgPool(b *testing.B) *pgxpool.Pool {
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		b.Skip("IDEM_POSTGRES_DSN is not set")
-	}
+	dsn := svctest.Postgres(b)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		b.Fatal(err)
@@ -33,10 +30,7 @@ func pgPool(b *testing.B) *pgxpool.Pool {
 }
 
 func redisClient(b *testing.B) goredis.UniversalClient {
-	addr := os.Getenv("IDEM_REDIS_ADDR")
-	if addr == "" {
-		b.Skip("IDEM_REDIS_ADDR is not set")
-	}
+	addr := svctest.Redis(b)
 	rdb := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: []string{addr}, PoolSize: 64})
 	b.Cleanup(func() { rdb.Close() })
 	return rdb

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,14 +18,11 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 )
 
-// testDSN is the DSN IDEM_MYSQL_DSN names; the test is skipped when it is
-// not set (failed, in CI).
+// testDSN is the DSN svctest.MySQL finds; the test is skipped when there is
+// none (failed, in CI).
 func testDSN(t testing.TB) string {
 	t.Helper()
-	dsn := os.Getenv("IDEM_MYSQL_DSN")
-	if dsn == "" {
-		svctest.Skipf(t, "IDEM_MYSQL_DSN is not set: set it (e.g. root@tcp(127.0.0.1:3306)/test) to run the MySQL tests")
-	}
+	dsn := svctest.MySQL(t)
 	return dsn
 }
 

@@ -3,12 +3,12 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -18,7 +18,7 @@ import (
 // free (a listing that held its rows open waited for itself for ever).
 func TestEachOnAPoolOfOne(t *testing.T) {
 	testPool(t) // or skip
-	cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_DSN"))
+	cfg, err := pgxpool.ParseConfig(svctest.Postgres(t))
 	require.NoError(t, err)
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,10 +18,7 @@ import (
 // not run) is reported to the Observer as "executed", with Executing +1/-1,
 // instead of "replayed".
 func TestHostileRunOnceTxReplayCountedAsExecuted(t *testing.T) {
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set")
-	}
+	dsn := svctest.Postgres(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {

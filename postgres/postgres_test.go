@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,14 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// testPool connects to the database IDEM_POSTGRES_DSN names, or skips the
-// test when it is not set (fails it, in CI).
+// testPool connects to the PostgreSQL svctest.Postgres finds, or skips the
+// test when there is none (fails it, in CI).
 func testPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set: set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run the PostgreSQL tests")
-	}
+	dsn := svctest.Postgres(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -73,7 +69,7 @@ func TestSchemaFileMatchesNew(t *testing.T) {
 // succeeds (CREATE ... IF NOT EXISTS alone collides in the catalog).
 func TestConcurrentNewOnFreshTable(t *testing.T) {
 	testPool(t) // or skip
-	cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_DSN"))
+	cfg, err := pgxpool.ParseConfig(svctest.Postgres(t))
 	require.NoError(t, err)
 	cfg.MaxConns = 16 // one session per replica, all at once
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -20,7 +20,7 @@ import (
 func modePool(t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
 	t.Helper()
 	testPool(t) // skips, or fails in CI, without a database
-	cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_DSN"))
+	cfg, err := pgxpool.ParseConfig(svctest.Postgres(t))
 	require.NoError(t, err)
 	cfg.ConnConfig.DefaultQueryExecMode = mode
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -53,7 +53,7 @@ func TestRunOnceTxFnCommitsLeavesKeyInterrupted(t *testing.T) {
 // RunOnce there; on a larger pool, a plain RunOnce inside fn works.
 func TestRunOnceTxNestedOnAPoolOfOne(t *testing.T) {
 	testPool(t) // or skip
-	cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_DSN"))
+	cfg, err := pgxpool.ParseConfig(svctest.Postgres(t))
 	require.NoError(t, err)
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -96,7 +96,7 @@ func TestRunOnceTxPlainCallInsideOnALargerPool(t *testing.T) {
 // pool's, whose one connection fn's transaction holds.
 func TestRunOnceTxNestedAcrossBackendsOnAPoolOfOne(t *testing.T) {
 	testPool(t) // or skip
-	cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_DSN"))
+	cfg, err := pgxpool.ParseConfig(svctest.Postgres(t))
 	require.NoError(t, err)
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

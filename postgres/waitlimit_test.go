@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -27,7 +27,7 @@ const waitLimit = 200 * time.Millisecond
 func limitedPool(t *testing.T, setting string) *pgxpool.Pool {
 	t.Helper()
 	testPool(t) // or skip
-	cfg, err := pgxpool.ParseConfig(os.Getenv("IDEM_POSTGRES_DSN"))
+	cfg, err := pgxpool.ParseConfig(svctest.Postgres(t))
 	require.NoError(t, err)
 	cfg.ConnConfig.RuntimeParams[setting] = waitLimit.String()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,11 +25,7 @@ import (
 // redis.NewUniversalClient makes for a Cluster.
 func testClusterClient(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	addrs := os.Getenv("IDEM_REDIS_CLUSTER_ADDRS")
-	if addrs == "" {
-		svctest.Skipf(t, "IDEM_REDIS_CLUSTER_ADDRS is not set: set it (e.g. 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103; .ci/redis-cluster starts one) to run the Redis Cluster tests")
-	}
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(addrs, ","), IsClusterMode: true})
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: svctest.RedisCluster(t), IsClusterMode: true})
 	t.Cleanup(func() { rdb.Close() })
 	require.IsType(t, (*redis.ClusterClient)(nil), rdb)
 	require.NoError(t, rdb.Ping(context.Background()).Err())

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -32,7 +32,7 @@ func TestUnreachableRedis(t *testing.T) {
 func TestRedisClosedMidRun(t *testing.T) {
 	shared := testClient(t)
 	b := testBackend(t, shared)
-	own := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{os.Getenv("IDEM_REDIS_ADDR")}})
+	own := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{svctest.Redis(t)}})
 	var un idemtest.Unrecorded
 	s := idem.New[int](idem.Options{Observer: un.Observer(), Backend: New(own, Options{Prefix: b.prefix})})
 	defer s.Close()

@@ -1,13 +1,13 @@
 package redis
 
 import (
-	"os"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/faultproxy"
 	"github.com/seed094d4201/idem/internal/faulttest"
+	"github.com/seed094d4201/idem/internal/svctest"
 )
 
 // Replies lost, and connections killed, between the store and Redis: with
@@ -22,7 +22,7 @@ func TestLostReplies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			faulttest.LostReplies(t, func(t *testing.T) faulttest.Target {
 				b := testBackend(t, direct)
-				proxy := faultproxy.Start(t, os.Getenv("IDEM_REDIS_ADDR"))
+				proxy := faultproxy.Start(t, svctest.Redis(t))
 				rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: tc.retries})
 				t.Cleanup(func() { rdb.Close() })
 				return faulttest.Target{

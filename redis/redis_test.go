@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -14,14 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// testClient connects to the Redis IDEM_REDIS_ADDR names, or skips the test
-// when it is not set (fails it, in CI).
+// testClient connects to the Redis svctest.Redis finds, or skips the test
+// when there is none (fails it, in CI).
 func testClient(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	addr := os.Getenv("IDEM_REDIS_ADDR")
-	if addr == "" {
-		svctest.Skipf(t, "IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to run the Redis tests")
-	}
+	addr := svctest.Redis(t)
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}})
 	require.NoError(t, rdb.Ping(context.Background()).Err())
 	t.Cleanup(func() { rdb.Close() })

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -181,10 +180,7 @@ func TestHostileHangingServersAndPasswords(t *testing.T) {
 // backend's: with a clock ahead of the server's, it resolves a key whose
 // owner is alive and holds a live lease.
 func TestHostileResolveLiveKeyUnderSkew(t *testing.T) {
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set")
-	}
+	dsn := svctest.Postgres(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -33,11 +32,13 @@ func TestSharedBackends(t *testing.T) {
 	dead := backend.Record{Key: "order-103", Token: "dead", State: backend.StatePending}
 	sqlitePath := filepath.Join(t.TempDir(), "shop.db")
 	for _, tc := range []struct {
-		name, where, table string
-		backend            func(t *testing.T) backend.Backend
+		name    string
+		where   func(t testing.TB) string
+		table   string
+		backend func(t *testing.T) backend.Backend
 	}{
-		{"postgres", os.Getenv("IDEM_POSTGRES_DSN"), "idem_cli_" + suffix, func(t *testing.T) backend.Backend {
-			pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))
+		{"postgres", svctest.Postgres, "idem_cli_" + suffix, func(t *testing.T) backend.Backend {
+			pool, err := pgxpool.New(ctx, svctest.Postgres(t))
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			t.Cleanup(func() { pool.Exec(ctx, "DROP TABLE IF EXISTS idem_cli_"+suffix) })
@@ -45,8 +46,8 @@ func TestSharedBackends(t *testing.T) {
 			require.NoError(t, err)
 			return b
 		}},
-		{"mysql", mysqlURL(), "idem_cli_" + suffix, func(t *testing.T) backend.Backend {
-			db, err := sql.Open("mysql", os.Getenv("IDEM_MYSQL_DSN"))
+		{"mysql", func(t testing.TB) string { return mysqlURL(svctest.MySQL(t)) }, "idem_cli_" + suffix, func(t *testing.T) backend.Backend {
+			db, err := sql.Open("mysql", svctest.MySQL(t))
 			require.NoError(t, err)
 			t.Cleanup(func() { db.Close() })
 			t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS idem_cli_" + suffix) })
@@ -54,12 +55,12 @@ func TestSharedBackends(t *testing.T) {
 			require.NoError(t, err)
 			return b
 		}},
-		{"redis", "redis://" + os.Getenv("IDEM_REDIS_ADDR"), "idemcli:" + suffix + ":", func(t *testing.T) backend.Backend {
-			rdb := goredis.NewClient(&goredis.Options{Addr: os.Getenv("IDEM_REDIS_ADDR")})
+		{"redis", func(t testing.TB) string { return "redis://" + svctest.Redis(t) }, "idemcli:" + suffix + ":", func(t *testing.T) backend.Backend {
+			rdb := goredis.NewClient(&goredis.Options{Addr: svctest.Redis(t)})
 			t.Cleanup(func() { rdb.Close() })
 			return redis.New(rdb, redis.Options{Prefix: "idemcli:" + suffix + ":"})
 		}},
-		{"sqlite", "sqlite:" + sqlitePath, "idem_cli", func(t *testing.T) backend.Backend {
+		{"sqlite", func(testing.TB) string { return "sqlite:" + sqlitePath }, "idem_cli", func(t *testing.T) backend.Backend {
 			db, err := sqlite.Open(sqlitePath)
 			require.NoError(t, err)
 			t.Cleanup(func() { db.Close() })
@@ -69,9 +70,7 @@ func TestSharedBackends(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.where == "" || tc.where == "redis://" {
-				svctest.Skipf(t, "the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_MYSQL_DSN, IDEM_REDIS_ADDR)", tc.name)
-			}
+			where := tc.where(t) // or skip
 			b := tc.backend(t)
 			claimAt := time.Now()
 			if tc.name == "sqlite" { // judged by the command's clock, not a server's
@@ -89,13 +88,13 @@ func TestSharedBackends(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 
-			code, out, errs := runCmd("-name", tc.table, "inspect", tc.where)
+			code, out, errs := runCmd("-name", tc.table, "inspect", where)
 			require.Equal(t, 0, code, errs)
 			assert.Contains(t, out, `"order-103"  interrupted`)
-			code, out, errs = runCmd("-name", tc.table, "forget", tc.where, "order-103")
+			code, out, errs = runCmd("-name", tc.table, "forget", where, "order-103")
 			require.Equal(t, 0, code, errs)
 			assert.Contains(t, out, "forgot")
-			_, out, _ = runCmd("-name", tc.table, "inspect", tc.where)
+			_, out, _ = runCmd("-name", tc.table, "inspect", where)
 			assert.True(t, strings.HasSuffix(out, "0 record(s)\n"), out)
 
 			// Killed again, and this time it did happen: resolve it as a
@@ -111,7 +110,7 @@ func TestSharedBackends(t *testing.T) {
 				require.True(t, time.Now().Before(deadline), "the lease never lapsed")
 				time.Sleep(5 * time.Millisecond)
 			}
-			code, out, errs = runCmd("-name", tc.table, "resolve", tc.where, "order-103", "-error", "out of stock")
+			code, out, errs = runCmd("-name", tc.table, "resolve", where, "order-103", "-error", "out of stock")
 			require.Equal(t, 0, code, errs)
 			assert.Contains(t, out, "resolved")
 			s := idem.New[int](idem.Options{Backend: b, Fingerprint: zeroFingerprint})
@@ -130,10 +129,7 @@ func TestSharedBackends(t *testing.T) {
 // holds says until when.
 func TestSharedHints(t *testing.T) {
 	ctx := context.Background()
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set")
-	}
+	dsn := svctest.Postgres(t)
 	code, _, errs := runCmd("inspect", dsn, "-name", "idem_no_such_table")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, `no table "idem_no_such_table"`)
@@ -156,13 +152,9 @@ func TestSharedHints(t *testing.T) {
 	}
 }
 
-// mysqlURL is IDEM_MYSQL_DSN (user@tcp(host:port)/db) as the mysql:// URL
-// the command takes, or "" when it is not set.
-func mysqlURL() string {
-	dsn := os.Getenv("IDEM_MYSQL_DSN")
-	if dsn == "" {
-		return ""
-	}
+// mysqlURL is dsn (user@tcp(host:port)/db) as the mysql:// URL the
+// command takes, or "" when it does not parse.
+func mysqlURL(dsn string) string {
 	cfg, err := gomysql.ParseDSN(dsn)
 	if err != nil {
 		return ""

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,11 +28,13 @@ func TestShowJudgesLeaseByServerClock(t *testing.T) {
 	ctx := context.Background()
 	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	for _, tc := range []struct {
-		name, where, table string
-		backend            func(t *testing.T) backend.Backend
+		name    string
+		where   func(t testing.TB) string
+		table   string
+		backend func(t *testing.T) backend.Backend
 	}{
-		{"postgres", os.Getenv("IDEM_POSTGRES_DSN"), "idem_clk_" + suffix, func(t *testing.T) backend.Backend {
-			pool, err := pgxpool.New(ctx, os.Getenv("IDEM_POSTGRES_DSN"))
+		{"postgres", svctest.Postgres, "idem_clk_" + suffix, func(t *testing.T) backend.Backend {
+			pool, err := pgxpool.New(ctx, svctest.Postgres(t))
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			t.Cleanup(func() { pool.Exec(ctx, "DROP TABLE IF EXISTS idem_clk_"+suffix) })
@@ -41,8 +42,8 @@ func TestShowJudgesLeaseByServerClock(t *testing.T) {
 			require.NoError(t, err)
 			return b
 		}},
-		{"mysql", mysqlURL(), "idem_clk_" + suffix, func(t *testing.T) backend.Backend {
-			db, err := sql.Open("mysql", os.Getenv("IDEM_MYSQL_DSN"))
+		{"mysql", func(t testing.TB) string { return mysqlURL(svctest.MySQL(t)) }, "idem_clk_" + suffix, func(t *testing.T) backend.Backend {
+			db, err := sql.Open("mysql", svctest.MySQL(t))
 			require.NoError(t, err)
 			t.Cleanup(func() { db.Close() })
 			t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS idem_clk_" + suffix) })
@@ -50,8 +51,8 @@ func TestShowJudgesLeaseByServerClock(t *testing.T) {
 			require.NoError(t, err)
 			return b
 		}},
-		{"redis", "redis://" + os.Getenv("IDEM_REDIS_ADDR"), "idemclk:" + suffix + ":", func(t *testing.T) backend.Backend {
-			rdb := goredis.NewClient(&goredis.Options{Addr: os.Getenv("IDEM_REDIS_ADDR")})
+		{"redis", func(t testing.TB) string { return "redis://" + svctest.Redis(t) }, "idemclk:" + suffix + ":", func(t *testing.T) backend.Backend {
+			rdb := goredis.NewClient(&goredis.Options{Addr: svctest.Redis(t)})
 			t.Cleanup(func() {
 				iter := rdb.Scan(ctx, 0, "idemclk:"+suffix+":*", 100).Iterator()
 				for iter.Next(ctx) {
@@ -63,9 +64,7 @@ func TestShowJudgesLeaseByServerClock(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.where == "" || tc.where == "redis://" {
-				svctest.Skipf(t, "the %s service is not configured (IDEM_POSTGRES_DSN, IDEM_MYSQL_DSN, IDEM_REDIS_ADDR)", tc.name)
-			}
+			where := tc.where(t) // or skip
 			b := tc.backend(t)
 			_, won, err := b.Claim(ctx, backend.Record{Key: "live", Token: "owner", State: backend.StatePending}, time.Now(), 10*time.Minute)
 			require.NoError(t, err)
@@ -73,19 +72,19 @@ func TestShowJudgesLeaseByServerClock(t *testing.T) {
 
 			ahead := time.Now().Add(time.Hour) // the operator's host clock
 			var out, errs strings.Builder
-			code := run([]string{"show", tc.where, "live", "-name", tc.table}, &out, &errs, ahead)
+			code := run([]string{"show", where, "live", "-name", tc.table}, &out, &errs, ahead)
 			require.Equal(t, 0, code, errs.String())
 			assert.Contains(t, out.String(), "state:       pending\n")
 			assert.NotContains(t, out.String(), "forget", "show told the operator to forget a key whose lease holds")
 
 			out.Reset()
-			code = run([]string{"inspect", tc.where, "-name", tc.table}, &out, &errs, ahead)
+			code = run([]string{"inspect", where, "-name", tc.table}, &out, &errs, ahead)
 			require.Equal(t, 0, code, errs.String())
 			assert.Contains(t, out.String(), `"live"  pending`)
 
 			out.Reset()
 			errs.Reset()
-			code = run([]string{"forget", tc.where, "live", "-name", tc.table}, &out, &errs, ahead)
+			code = run([]string{"forget", where, "live", "-name", tc.table}, &out, &errs, ahead)
 			assert.Equal(t, 1, code)
 			assert.Contains(t, errs.String(), "lease holds until")
 			assert.NotContains(t, errs.String(), "-50m", "the time left is the server's")

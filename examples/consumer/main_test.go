@@ -19,15 +19,16 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(svctest.M(m).Run())
 }
 
 // needBroker skips (fails, in CI) without the broker kind's address.
 func needBroker(t *testing.T, kind string) {
 	t.Helper()
-	env := map[string]string{"nats": "IDEM_NATS_URL", "rabbitmq": "IDEM_AMQP_URL"}[kind]
-	if os.Getenv(env) == "" {
-		svctest.Skipf(t, "%s is not set: no %s to run the consumer against", env, kind)
+	if kind == "nats" {
+		svctest.NATS(t)
+	} else {
+		svctest.AMQP(t)
 	}
 }
 

@@ -24,8 +24,8 @@ import (
 func TestKillLoop(t *testing.T) {
 	for _, kind := range []string{"sqlite", "bolt", "mysql"} {
 		t.Run(kind, func(t *testing.T) {
-			if kind == "mysql" && os.Getenv(mysqlEnv) == "" {
-				svctest.Skipf(t, "%s is not set: no MySQL to run the kill loop against", mysqlEnv)
+			if kind == "mysql" {
+				svctest.MySQL(t) // or skip
 			}
 			killLoop(t, kind, 1000, 30)
 		})

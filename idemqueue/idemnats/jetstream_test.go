@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -39,10 +38,7 @@ type stream struct {
 
 func newStream(t testing.TB, ackWait time.Duration) *stream {
 	t.Helper()
-	url := os.Getenv("IDEM_NATS_URL")
-	if url == "" {
-		svctest.Skipf(t, "IDEM_NATS_URL is not set: no NATS JetStream server to test against")
-	}
+	url := svctest.NATS(t)
 	nc, err := nats.Connect(url)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)

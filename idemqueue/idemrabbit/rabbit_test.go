@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -37,10 +36,7 @@ type broker struct {
 
 func newBroker(t testing.TB, delays ...time.Duration) *broker {
 	t.Helper()
-	url := os.Getenv("IDEM_AMQP_URL")
-	if url == "" {
-		svctest.Skipf(t, "IDEM_AMQP_URL is not set: no RabbitMQ broker to test against")
-	}
+	url := svctest.AMQP(t)
 	conn, err := amqp.Dial(url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -22,7 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(svctest.M(m)) }
 
 // lineServer is a fake server: for every line it receives it records the
 // line, then answers "ok:<line>\n". Each ended connection sends on ended.
@@ -263,10 +262,7 @@ func uniqueName(t *testing.T) string {
 }
 
 func TestRedisLostReply(t *testing.T) {
-	addr := os.Getenv("IDEM_REDIS_ADDR")
-	if addr == "" {
-		svctest.Skipf(t, "IDEM_REDIS_ADDR is not set; set it to a Redis host:port (e.g. 127.0.0.1:6379) to run")
-	}
+	addr := svctest.Redis(t)
 	ctx := context.Background()
 	direct := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { direct.Close() })
@@ -285,10 +281,7 @@ func TestRedisLostReply(t *testing.T) {
 }
 
 func TestPostgresLostReply(t *testing.T) {
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set; set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run")
-	}
+	dsn := svctest.Postgres(t)
 	ctx := context.Background()
 	cfg, err := pgx.ParseConfig(dsn)
 	require.NoError(t, err)

@@ -16,14 +16,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// testPool connects to the database IDEM_POSTGRES_DSN names, closed when the
+// testPool connects to the PostgreSQL svctest.Postgres finds, closed when the
 // test ends, or skips the test: every test here counts side effects there.
 func testPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set: the side effects are counted in PostgreSQL")
-	}
+	dsn := svctest.Postgres(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

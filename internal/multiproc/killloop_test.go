@@ -67,27 +67,19 @@ func TestKillLoop(t *testing.T) {
 		killLoop(t, "bolt", filepath.Join(t.TempDir(), "idem.db"), kills)
 	})
 	t.Run("postgres", func(t *testing.T) {
-		if os.Getenv("IDEM_POSTGRES_DSN") == "" {
-			svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set: no PostgreSQL to run the kill loop against")
-		}
-		pool := testPool(t)
+		pool := testPool(t) // or skip
 		table := uniqueName("idem_kill_")
 		dropLater(t, pool, table)
 		killLoop(t, "postgres", table, kills)
 	})
 	t.Run("mysql", func(t *testing.T) {
-		if os.Getenv("IDEM_MYSQL_DSN") == "" {
-			svctest.Skipf(t, "IDEM_MYSQL_DSN is not set: no MySQL to run the kill loop against")
-		}
+		svctest.MySQL(t)
 		table := uniqueName("idem_kill_")
 		dropMySQLLater(t, table)
 		killLoop(t, "mysql", table, kills)
 	})
 	t.Run("redis", func(t *testing.T) {
-		addr := os.Getenv("IDEM_REDIS_ADDR")
-		if addr == "" {
-			svctest.Skipf(t, "IDEM_REDIS_ADDR is not set: no Redis to run the kill loop against")
-		}
+		addr := svctest.Redis(t)
 		prefix := uniqueName("idemkill:") + ":"
 		t.Cleanup(func() { deletePrefix(t, addr, prefix) })
 		killLoop(t, "redis", prefix, kills)

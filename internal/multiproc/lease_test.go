@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,11 +26,11 @@ func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind,
 	pool := testPool(t)
 	for _, kind := range []string{"postgres", "mysql", "redis"} {
 		t.Run(kind, func(t *testing.T) {
-			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
-				svctest.Skipf(t, "IDEM_REDIS_ADDR is not set")
+			if kind == "redis" {
+				svctest.Redis(t) // or skip
 			}
-			if kind == "mysql" && os.Getenv("IDEM_MYSQL_DSN") == "" {
-				svctest.Skipf(t, "IDEM_MYSQL_DSN is not set")
+			if kind == "mysql" {
+				svctest.MySQL(t) // or skip
 			}
 			name := uniqueName("idemlease:") + ":"
 			switch kind {

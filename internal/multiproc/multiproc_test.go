@@ -51,7 +51,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(svctest.M(m).Run())
 }
 
 // runChild runs one process's share of the race: every key, from 16
@@ -180,14 +180,14 @@ func TestRaceAcrossProcesses(t *testing.T) {
 	pool := testPool(t)
 	for _, kind := range []string{"postgres", "mysql", "redis", "redis-cluster"} {
 		t.Run(kind, func(t *testing.T) {
-			if kind == "redis" && os.Getenv("IDEM_REDIS_ADDR") == "" {
-				svctest.Skipf(t, "IDEM_REDIS_ADDR is not set")
+			if kind == "redis" {
+				svctest.Redis(t) // or skip
 			}
-			if kind == "mysql" && os.Getenv("IDEM_MYSQL_DSN") == "" {
-				svctest.Skipf(t, "IDEM_MYSQL_DSN is not set")
+			if kind == "mysql" {
+				svctest.MySQL(t) // or skip
 			}
-			if kind == "redis-cluster" && os.Getenv("IDEM_REDIS_CLUSTER_ADDRS") == "" {
-				svctest.Skipf(t, "IDEM_REDIS_CLUSTER_ADDRS is not set: set it (.ci/redis-cluster starts a cluster) to race on a Redis Cluster")
+			if kind == "redis-cluster" {
+				svctest.RedisCluster(t) // or skip
 			}
 			const processes, keys = 4, 2000
 			effects := effectsTable(t, pool)
@@ -228,14 +228,14 @@ func flushScripts(t *testing.T, kind string) {
 	t.Helper()
 	ctx := context.Background()
 	if kind == "redis-cluster" {
-		rdb := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(os.Getenv("IDEM_REDIS_CLUSTER_ADDRS"), ",")})
+		rdb := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: svctest.RedisCluster(t)})
 		defer rdb.Close()
 		require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, node *goredis.Client) error {
 			return node.ScriptFlush(ctx).Err()
 		}))
 		return
 	}
-	rdb := goredis.NewClient(&goredis.Options{Addr: os.Getenv("IDEM_REDIS_ADDR")})
+	rdb := goredis.NewClient(&goredis.Options{Addr: svctest.Redis(t)})
 	defer rdb.Close()
 	require.NoError(t, rdb.ScriptFlush(ctx).Err())
 }

@@ -39,11 +39,8 @@ func holdMySQLTx(ctx context.Context, b backend.Backend, key string) error {
 // the key: the server rolls the transaction back when the connection
 // drops, and a claim of the key waits on its row lock until then.
 func TestKilledMySQLTransaction(t *testing.T) {
-	if os.Getenv("IDEM_MYSQL_DSN") == "" {
-		svctest.Skipf(t, "IDEM_MYSQL_DSN is not set")
-	}
 	ctx := context.Background()
-	db, err := sql.Open("mysql", os.Getenv("IDEM_MYSQL_DSN"))
+	db, err := sql.Open("mysql", svctest.MySQL(t))
 	require.NoError(t, err)
 	defer db.Close()
 	table, effects := uniqueName("idem_tx_"), uniqueName("idem_effects_")

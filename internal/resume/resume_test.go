@@ -54,7 +54,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "child: not killed:", err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	os.Exit(svctest.M(m).Run())
 }
 
 func runChild(kind string) error {
@@ -199,10 +199,7 @@ func place(t *testing.T, kind string) string {
 	case "bolt", "sqlite":
 		return filepath.Join(t.TempDir(), "idem.db")
 	case "redis":
-		addr := os.Getenv("IDEM_REDIS_ADDR")
-		if addr == "" {
-			svctest.Skipf(t, "IDEM_REDIS_ADDR is not set: set it (e.g. 127.0.0.1:6379) to run the Redis tests")
-		}
+		addr := svctest.Redis(t)
 		prefix := "idem-resume-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
 		t.Cleanup(func() {
 			rdb := goredis.NewClient(&goredis.Options{Addr: addr})
@@ -213,10 +210,7 @@ func place(t *testing.T, kind string) string {
 		})
 		return prefix
 	case "mysql":
-		dsn := os.Getenv("IDEM_MYSQL_DSN")
-		if dsn == "" {
-			svctest.Skipf(t, "IDEM_MYSQL_DSN is not set: set it (e.g. root@tcp(127.0.0.1:3306)/test) to run the MySQL tests")
-		}
+		dsn := svctest.MySQL(t)
 		table := "idem_resume_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 		t.Cleanup(func() {
 			if db, err := sql.Open("mysql", dsn); err == nil {
@@ -226,10 +220,7 @@ func place(t *testing.T, kind string) string {
 		})
 		return table
 	}
-	dsn := os.Getenv("IDEM_POSTGRES_DSN")
-	if dsn == "" {
-		svctest.Skipf(t, "IDEM_POSTGRES_DSN is not set: set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run the PostgreSQL tests")
-	}
+	dsn := svctest.Postgres(t)
 	table := "idem_resume_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	t.Cleanup(func() {
 		if pool, err := pgxpool.New(context.Background(), dsn); err == nil {

@@ -77,10 +77,12 @@ var (
 		def: "amqp://guest:guest@127.0.0.1:5672/", dial: "127.0.0.1:5672"}
 )
 
+var all = []*service{postgres, mysql, redis, redisCluster, nats, amqp}
+
 // Services lists every service, for a check that the docs name them all.
 func Services() []struct{ Env, Default string } {
 	var out []struct{ Env, Default string }
-	for _, s := range []*service{postgres, mysql, redis, redisCluster, nats, amqp} {
+	for _, s := range all {
 		out = append(out, struct{ Env, Default string }{s.env, s.def})
 	}
 	return out
@@ -188,13 +190,26 @@ func inCI() bool {
 	return ci
 }
 
-// Main runs the package's tests, then Summary, and exits with their
-// status: a package's TestMain is func TestMain(m *testing.M) {
-// svctest.Main(m) }.
-func Main(m *testing.M) {
-	code := m.Run()
+// Main runs the package's tests as M does and exits with their status: a
+// package's TestMain is func TestMain(m *testing.M) { svctest.Main(m) }.
+func Main(m *testing.M) { os.Exit(M(m).Run()) }
+
+// M wraps m for a TestMain that hands it on (goleak.VerifyTestMain(
+// svctest.M(m))): its Run finds every service's address first, so that
+// code reading the variables directly (a child process, an example
+// program) sees the standard address that answers, then runs the tests,
+// then prints Summary.
+func M(m *testing.M) interface{ Run() int } { return wrapped{m} }
+
+type wrapped struct{ m *testing.M }
+
+func (w wrapped) Run() int {
+	for _, s := range all {
+		s.once.Do(s.resolve)
+	}
+	code := w.m.Run()
 	Summary()
-	os.Exit(code)
+	return code
 }
 
 // skipped counts the skips Skipf and SkipUnlessLong made, by reason.

@@ -26,8 +26,9 @@ import (
 //     an owner cut off from the backend renews nothing, and has stopped
 //     trusting its claim by then (leaseTrust);
 //   - a claim the backend still holds pending, seen unrenewed for a whole
-//     lease on this clock: its owner stopped trusting it by then
-//     (leaseTrust), whatever the backend's clock says.
+//     lease on this clock (its owner's, if the record shows a longer
+//     one): its owner stopped trusting it by then (leaseTrust), whatever
+//     the backend's clock says.
 
 // watchLapsed is how long a lapsed claim must be seen unrenewed before it
 // is taken for interrupted: a whole lease. A live owner's renewal (every
@@ -40,10 +41,17 @@ import (
 // store while fn still ran under a live context.)
 func watchLapsed(lease time.Duration) time.Duration { return lease }
 
-// watchPending is how long a claim the backend holds pending must be seen
-// unrenewed before its owner is taken for dead: a whole lease, past any
-// trust its owner could still have in it.
-func watchPending(lease time.Duration) time.Duration { return lease }
+// watchPending is how long rec, a claim the backend holds pending, must be
+// seen unrenewed before its owner is taken for dead: a whole lease, past
+// any trust its owner could still have in it; and at least the lease its
+// owner asked for, as far as rec shows it (its lease's end less its
+// creation: the owner's lease, or more once renewed), for an owner whose
+// Lease is longer than this store's (a rolling deploy that changes it)
+// renews less often than this store's lease, and is alive. Only a clock
+// stepped back between the claim and a renewal shows less.
+func watchPending(lease time.Duration, rec backend.Record) time.Duration {
+	return max(lease, rec.LeaseUntil.Sub(rec.CreatedAt))
+}
 
 // provenDead reports whether rec, an interrupted record, says its owner is
 // dead or let it go, not only that its lease lapsed: it has no lease to
@@ -84,7 +92,7 @@ func (s *Store[R]) awaitOwner(ctx context.Context, rec backend.Record) (backend.
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		watch := watchPending(lease)
+		watch := watchPending(lease, rec)
 		if rec.State == backend.StateInterrupted {
 			watch = watchLapsed(lease)
 		}

@@ -35,7 +35,9 @@
 //
 // With Options.Backend set, the claim is durable before fn runs and the
 // outcome is durable before RunOnce returns, so what the store promised
-// survives a restart: package bolt keeps records in a local bbolt file. A key
+// survives a restart: package bolt keeps records in a local bbolt file,
+// package sqlite in a SQLite database file, and packages postgres, mysql
+// and redis in a database that many processes and machines share. A key
 // whose owner died between the two is interrupted: RunOnce answers
 // [ErrOutcomeUnknown] and does not run fn until an operator calls
 // [Store.Forget] (or Options.RetryInterrupted allows a second run). Package

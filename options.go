@@ -60,8 +60,8 @@ type Options struct {
 	// DefaultFingerprint.
 	Fingerprint func(payload any) (Fingerprint, error)
 
-	// Backend keeps records durably: across restarts (bolt) or across
-	// processes and machines (postgres, redis). With one, memory holds only
+	// Backend keeps records durably: across restarts (bolt, sqlite) or
+	// across processes and machines (postgres, mysql, redis). With one, memory holds only
 	// the keys in flight in this process, and every remembered outcome lives
 	// in the backend. The Store does not close it. Nil means memory only.
 	Backend backend.Backend
@@ -101,7 +101,7 @@ type Options struct {
 	RetryInterrupted bool
 
 	// Resume makes operations resumable, with a Backend that records steps
-	// (backend.Stepper: bolt, sqlite, postgres, redis). With no Backend, or
+	// (backend.Stepper: bolt, sqlite, postgres, mysql, redis). With no Backend, or
 	// one that does not record steps, every RunOnce and Begin fails with
 	// an error saying so, rather than run without the resumption asked
 	// for. Each step's outcome (Step) is recorded under the key as it

@@ -147,7 +147,7 @@ var errOperationEnded = errors.New("idem: Step after its operation ended; fn did
 // ctx RunOnce gives its fn, or a Ticket's Context) and returns its outcome.
 //
 // With a Store whose Options.Resume is set and whose Backend records steps
-// (backend.Stepper: bolt, sqlite, postgres, redis), the step's success, or
+// (backend.Stepper: bolt, sqlite, postgres, mysql, redis), the step's success, or
 // an error marked Final, is recorded durably under the operation's key,
 // fenced by its claim's token, before Step returns. When the operation
 // runs again (its process died, or it failed with an ordinary error after

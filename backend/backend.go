@@ -218,8 +218,8 @@ func Owned(n int64, err error, key string) error {
 }
 
 // A Lister is a Backend that can list its records, for operators' tools
-// and idem.Store.Records. bolt, postgres, redis and idemtest's
-// MemoryBackend implement it.
+// and idem.Store.Records. bolt, sqlite, postgres, mysql, redis and
+// idemtest's MemoryBackend implement it.
 type Lister interface {
 	Backend
 

@@ -22,7 +22,7 @@ type Step struct {
 }
 
 // A Stepper is a Backend that records steps, for operations that resume
-// rather than end interrupted. bolt, sqlite, postgres, redis and
+// rather than end interrupted. bolt, sqlite, postgres, mysql, redis and
 // idemtest's MemoryBackend implement it.
 type Stepper interface {
 	Backend

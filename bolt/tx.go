@@ -147,8 +147,8 @@ func (b *Backend) View(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 	return b.read(ctx, fn)
 }
 
-// RunOnceTx is the transactional mode, the second seed article's
-// charge_once for an embedded store: it runs fn at most once for key, with
+// RunOnceTx is the transactional mode, for an operation whose effects are
+// writes to the same bbolt file: it runs fn at most once for key, with
 // the key's record, fn's own writes (through tx, in the caller's buckets
 // of the same file) and the outcome committed in one bbolt transaction. A
 // crash, an error from fn or a panic rolls all of it back, so there is

@@ -12,8 +12,8 @@ import (
 	"github.com/seed094d4201/idem/internal/txrun"
 )
 
-// RunOnceTx is the transactional mode, the second seed article's
-// charge_once: it runs fn at most once for key, with the key's record, fn's
+// RunOnceTx is the transactional mode, for an operation whose effects are
+// writes to the same database: it runs fn at most once for key, with the key's record, fn's
 // own writes (through tx) and the outcome committed in one transaction. A
 // crash, an error from fn or a panic rolls all of it back, so there is never
 // a key without its writes, nor writes without their key; only a success, or
@@ -21,7 +21,8 @@ import (
 // error, but rolls fn's writes back).
 //
 // A duplicate in this process waits for the first call's outcome, as with
-// RunOnce (txrun.Local.BeginLocal); one in another process blocks on the
+// RunOnce (the key is claimed in this process's memory before the
+// transaction begins); one in another process blocks on the
 // table's primary key until the first transaction ends, then replays its
 // outcome, or runs fn itself if the first rolled back. A server whose
 // statement_timeout or lock_timeout cuts that wait short does not end it:

@@ -1,5 +1,5 @@
-// Package txrun holds what the transactional modes (postgres, sqlite and
-// bolt RunOnceTx) share around their backend's transaction: the claim in
+// Package txrun holds what the transactional modes (the RunOnceTx of
+// bolt, sqlite, postgres and mysql) share around their backend's transaction: the claim in
 // memory, the caller waiting under its own ctx as RunOnce's callers do,
 // the answer for a key whose record stands, and what a failed commit
 // returns.

@@ -16,10 +16,13 @@ import (
 // (the handler's, such as a gzip middleware's inside the guard) when the
 // retry accepts it, as RFC 9110 (12.5.3) reads Accept-Encoding. When it
 // does not, as for a retry that asks for identity, the coding is undone on
-// replay: gzip and deflate, the codings Go can decode. Any other, or a
-// retry that accepts neither the stored coding nor identity, is answered
-// 406, and a stored body that does not decode, 500: never bytes the
-// client cannot read.
+// replay: gzip and deflate, the codings Go can decode. Any other, a
+// range of the encoded bytes (Content-Range), or a retry that accepts
+// neither the stored coding nor identity, is answered 406, and a stored
+// body that does not decode, 500: never bytes the client cannot read. A
+// body that decodes to more than one layer of gzip can hold (a gzip bomb)
+// is 406 too, so that no retry costs the server more to decode than its
+// stored bytes times 1032.
 
 // errNotAcceptable is the cause of a 406 for a replay in a coding the
 // retry does not accept and that cannot be undone.
@@ -130,8 +133,9 @@ func storedCodings(resp *Response) (codings, fields []string) {
 // undoCodings returns the codings to take off resp's body for a request
 // with header h: none if it accepts them all, all of them otherwise. It
 // returns errNotAcceptable, with the codings, if they cannot be undone (a
-// coding other than gzip and deflate, with a body) or the request does not
-// accept identity either.
+// coding other than gzip and deflate, with a body; a range of the encoded
+// bytes, with Content-Range) or the request does not accept identity
+// either.
 func undoCodings(h http.Header, resp *Response) ([]string, error) {
 	codings, _ := storedCodings(resp)
 	a := parseAcceptEncoding(h)
@@ -150,12 +154,41 @@ func undoCodings(h http.Header, resp *Response) ([]string, error) {
 			return codings, fmt.Errorf("%w: it does not accept %s, which cannot be undone here", errNotAcceptable, c)
 		}
 	}
+	if hasField(resp.Header, "Content-Range") {
+		// A range (a 206's, a 416's length) counts encoded bytes: the
+		// decoded body is not the range it names.
+		return codings, fmt.Errorf("%w: it does not accept %s, and a range of encoded bytes cannot be decoded", errNotAcceptable, strings.Join(codings, ", "))
+	}
 	return codings, nil
 }
 
+// hasField reports whether h has the field with the canonical name
+// canon, under any case a handler set it in.
+func hasField(h http.Header, canon string) bool {
+	for name := range h {
+		if http.CanonicalHeaderKey(name) == canon {
+			return true
+		}
+	}
+	return false
+}
+
+// maxRatio bounds a decoded body, in bytes per stored byte: deflate, in
+// gzip, zlib or raw, holds at most 1032 bytes in one (its longest match,
+// 258 bytes, takes at least two bits). A body that decodes to more was
+// coded more than once, as a gzip bomb is, and is not decoded: a retry
+// must not cost the server more than one layer of gzip can.
+const maxRatio = 1032
+
+// errTooLarge is why a stored body is not decoded: decoded, it would be
+// larger than maxRatio times its stored size.
+var errTooLarge = errors.New("idemhttp: the stored body decodes to more than one layer of gzip can hold")
+
 // decode writes body with codings undone, the last applied first, to dst,
 // and returns the decoded length. A body that does not decode whole, its
-// checksum included, is an error; an empty body decodes to nothing.
+// checksum included, is an error, and so is one that decodes to more
+// than maxRatio times its size (errTooLarge, when nothing past that was
+// written); an empty body decodes to nothing.
 func decode(dst io.Writer, body []byte, codings []string) (int64, error) {
 	if len(body) == 0 {
 		return 0, nil
@@ -173,9 +206,15 @@ func decode(dst io.Writer, body []byte, codings []string) (int64, error) {
 			return 0, fmt.Errorf("idemhttp: decoding the stored %s body: %w", codings[i], err)
 		}
 	}
-	n, err := io.Copy(dst, r)
+	limit := int64(len(body)) * maxRatio
+	n, err := io.Copy(dst, io.LimitReader(r, limit))
 	if err != nil {
 		return n, fmt.Errorf("idemhttp: decoding the stored %s body: %w", strings.Join(codings, ", "), err)
+	}
+	if n == limit {
+		if m, _ := r.Read(make([]byte, 1)); m > 0 {
+			return n, fmt.Errorf("%w (%s, %d bytes stored)", errTooLarge, strings.Join(codings, ", "), len(body))
+		}
 	}
 	return n, nil
 }
@@ -235,6 +274,12 @@ func (g *Guard) replay(w http.ResponseWriter, r *http.Request, resp Response, lk
 	// body that does not decode is a clear error, never a garbled answer,
 	// and a large one is never held decoded in memory.
 	n, err := decode(io.Discard, resp.Body, codings)
+	if errors.Is(err, errTooLarge) {
+		// A client can cause this at will: Debug, never a log flood.
+		g.opts.Logger.Debug("idemhttp: a stored response is too large decoded for a retry that does not accept its content coding", lk.with("err", err)...)
+		g.fail(w, r, http.StatusNotAcceptable, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept, and decoded it is too large to send; retry with the same key, accepting it.", 0, err)
+		return
+	}
 	if err != nil {
 		g.opts.Logger.Error("idemhttp: a stored response does not decode for a retry that does not accept its content coding", lk.with("err", err)...)
 		g.fail(w, r, http.StatusInternalServerError, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept, and could not be decoded; retry with the same key, accepting it.", 0, err)

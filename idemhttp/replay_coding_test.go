@@ -1,6 +1,9 @@
 package idemhttp_test
 
 import (
+	"bytes"
+	"compress/gzip"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -147,6 +150,101 @@ func TestReplayUndoingACodingWeakensTheETag(t *testing.T) {
 	assert.Empty(t, retry.Header.Get("Content-Digest"))
 	same, _ := postAccepting(t, srv, "k", ptr("gzip"))
 	assert.Equal(t, `"v1"`, same.Header.Get("ETag"), "the stored coding keeps its tag")
+}
+
+// A stored partial answer (206, a range of the gzip bytes) cannot be
+// decoded for a retry that does not accept gzip: its Content-Range
+// counts encoded bytes, so the decoded body would not be that range.
+// The retry gets 406, not a body its Content-Range misdescribes; one
+// that accepts gzip gets the stored range.
+func TestReplayOfARangeIsNeverDecoded(t *testing.T) {
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	io.WriteString(zw, strings.Repeat("receipt ", 100))
+	zw.Close()
+	n := zipped.Len()
+	var runs atomic.Int32
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes 0-%d/%d", n-1, n))
+		w.WriteHeader(http.StatusPartialContent)
+		w.Write(zipped.Bytes())
+	}), idemhttp.Options{Unscoped: true, Logger: quiet()})
+	postAccepting(t, srv, "k", ptr("gzip"))
+	retry, got := postAccepting(t, srv, "k", ptr("identity"))
+	assert.Equal(t, http.StatusNotAcceptable, retry.StatusCode, "Content-Range %q with %d bytes", retry.Header.Get("Content-Range"), len(got))
+	assert.Empty(t, retry.Header.Get("Content-Range"))
+	same, got := postAccepting(t, srv, "k", ptr("gzip"))
+	assert.Equal(t, http.StatusPartialContent, same.StatusCode)
+	assert.Equal(t, zipped.String(), got)
+	assert.Equal(t, int32(1), runs.Load())
+}
+
+// A body stored under several codings (gzip, then br) is replayed as it
+// is to a retry that accepts both, and is 406 for one that accepts only
+// one of them (br cannot be undone here): never half decoded.
+func TestReplayOfSeveralCodings(t *testing.T) {
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip, br")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "brotli of gzip")
+	}), idemhttp.Options{Unscoped: true, Logger: quiet()})
+	postAccepting(t, srv, "k", ptr("gzip, br"))
+	for accept, want := range map[string]int{"gzip, br": http.StatusCreated, "br": http.StatusNotAcceptable, "gzip": http.StatusNotAcceptable, "identity": http.StatusNotAcceptable} {
+		retry, got := postAccepting(t, srv, "k", ptr(accept))
+		assert.Equal(t, want, retry.StatusCode, accept)
+		if want == http.StatusCreated {
+			assert.Equal(t, "brotli of gzip", got)
+			assert.Equal(t, "gzip, br", retry.Header.Get("Content-Encoding"))
+		} else {
+			assert.NotContains(t, got, "brotli of gzip", accept)
+		}
+	}
+}
+
+// gzipOf returns b gzipped.
+func gzipOf(b []byte) []byte {
+	var z bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&z, gzip.BestCompression)
+	zw.Write(b)
+	zw.Close()
+	return z.Bytes()
+}
+
+// A stored body gzipped twice (a handler that passed on what another
+// service sent, a gzip bomb) is not decoded past what one layer of gzip
+// can hold, 1032 bytes a stored byte: a retry that accepts only identity
+// gets 406, and costs the server no more than that, while a body one
+// layer of gzip made is decoded whole.
+func TestReplayDecodesNoMoreThanOneLayerOfGzipCanHold(t *testing.T) {
+	zeros := make([]byte, 64<<20)
+	bomb := gzipOf(gzipOf(zeros))
+	one := gzipOf(zeros[:4<<20])
+	for _, tc := range []struct {
+		name     string
+		coding   string
+		body     []byte
+		status   int
+		replayed int
+	}{
+		{"gzip of gzip", "gzip, gzip", bomb, http.StatusNotAcceptable, 0},
+		{"one layer", "gzip", one, http.StatusCreated, 4 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Encoding", tc.coding)
+				w.WriteHeader(http.StatusCreated)
+				w.Write(tc.body)
+			}), idemhttp.Options{Unscoped: true, Logger: quiet()})
+			postAccepting(t, srv, "k", ptr("gzip"))
+			retry, got := postAccepting(t, srv, "k", ptr("identity"))
+			assert.Equal(t, tc.status, retry.StatusCode, "%d stored bytes replayed as %d", len(tc.body), len(got))
+			if tc.status == http.StatusCreated {
+				assert.Len(t, got, tc.replayed)
+			}
+		})
+	}
 }
 
 func ptr(s string) *string { return &s }

@@ -166,8 +166,8 @@ func (c *Consumer[R]) Handle(ctx context.Context, key string, payload any, fn fu
 }
 
 // HandleTx is Handle for a handler that makes its own call through the
-// Consumer's store under key: a RunOnceTx of sqlite, bolt or postgres,
-// whose writes commit with the key and its outcome (or a RunOnce). call
+// Consumer's store under key: a RunOnceTx of sqlite, bolt, postgres or
+// mysql, whose writes commit with the key and its outcome (or a RunOnce). call
 // returns that call's error, which decides.
 //
 // That error may be the store's refusal or the handler's own, and both
@@ -196,8 +196,8 @@ func (c *Consumer[R]) HandleTx(ctx context.Context, key string, payload any, cal
 }
 
 // Decide turns the error of a call that ran a message's handler through
-// the Consumer's store under key (RunOnce, or a RunOnceTx of sqlite, bolt
-// or postgres) into a Decision, as the package doc's table says. It does
+// the Consumer's store under key (RunOnce, or a RunOnceTx of sqlite, bolt,
+// postgres or mysql) into a Decision, as the package doc's table says. It does
 // not know whether the call replayed an earlier outcome, nor whether the
 // store or the handler made err, and it is not given the payload: it
 // holds a message as unkeyed (Hold) only if key is not a valid key, and

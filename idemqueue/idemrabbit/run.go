@@ -31,8 +31,8 @@ func (c *Consumer[R]) Run(ctx context.Context, dial func(context.Context) (*amqp
 }
 
 // RunTx is Run for a handler that makes its own call through the
-// Consumer's store under key: a RunOnceTx of sqlite, bolt or postgres,
-// whose writes commit with the key and its outcome. call returns that
+// Consumer's store under key: a RunOnceTx of sqlite, bolt, postgres or
+// mysql, whose writes commit with the key and its outcome. call returns that
 // call's error, which decides.
 func (c *Consumer[R]) RunTx(ctx context.Context, dial func(context.Context) (*amqp.Connection, error), call func(ctx context.Context, key string, payload any) error) error {
 	if ctx == nil || dial == nil || call == nil {

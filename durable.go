@@ -122,30 +122,15 @@ func (s *Store[R]) acquire(ctx context.Context, t *Ticket[R]) (backend.Record, t
 			t.val, t.err = s.decode(rec)
 			return backend.Record{}, sent, nil
 		}
-		if st := b; b.st != nil && s.opts.Resume {
+		if b.st != nil && s.opts.Resume {
 			// Take the claim over, steps and all, and run on from its last
 			// recovery point (from the start, if it recorded none).
 			sent = time.Now()
-			token := newToken()
-			resumed, err := st.Resume(ctx, key, rec.Token, token, s.opts.Now(), s.opts.Lease)
-			if err == nil && (resumed.Key != key || resumed.Token != token || resumed.State != backend.StatePending) {
-				return backend.Record{}, sent, &BackendError{Op: "resume", Err: fmt.Errorf("%w: a resume of %q answered with another key, token or state", errMalformed, key)}
-			}
-			switch {
-			case err == nil:
-				return resumed, sent, nil
-			case errors.Is(err, backend.ErrNotOwner):
+			resumed, err := s.resumeDurable(ctx, key, rec.Token)
+			if errors.Is(err, backend.ErrNotOwner) {
 				continue // another store resumed it, or it changed: look again
 			}
-			// The reply may be lost after the resume landed: read back, and
-			// run under the claim if it is ours, as claimDurable does.
-			rctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
-			got, found, gerr := b.Get(rctx, key, s.opts.Now())
-			cancel()
-			if gerr == nil && found && got.Token == token && got.State == backend.StatePending {
-				return got, sent, nil
-			}
-			return backend.Record{}, sent, &BackendError{Op: "resume", Err: err}
+			return resumed, sent, err
 		}
 		if !s.opts.RetryInterrupted || retried {
 			return backend.Record{}, sent, ErrOutcomeUnknown
@@ -213,6 +198,44 @@ func (s *Store[R]) tryClaim(ctx context.Context, claim backend.Record) (backend.
 	}
 	s.releaseLater(claim.Key, claim.Token)
 	return backend.Record{}, false, &BackendError{Op: "claim", Err: err}
+}
+
+// resumeDurable takes key's interrupted claim, held by old, over under a
+// fresh token, steps and all, and returns the claim, or an error (matching
+// backend.ErrNotOwner if another store resumed it, or it changed). A
+// Resume whose reply is lost after it landed is read back, and run under
+// if it is ours, as claimDurable does. A Backend that ends the goroutine
+// (runtime.Goexit) in the Resume or its read-back leaves the takeover's
+// fate unknown: its lease is made to lapse in the background, keeping
+// the steps, so that the next call resumes it at once rather than wait a
+// lease for a claim nobody runs.
+func (s *Store[R]) resumeDurable(ctx context.Context, key, old string) (claim backend.Record, err error) {
+	b := s.b
+	token := newToken()
+	returned := false
+	defer exiting(&returned, func() {
+		s.startBackground(func() { s.lapse(s.closing, backend.Record{Key: key, Token: token}) })
+	})
+	resumed, err := b.Resume(ctx, key, old, token, s.opts.Now(), s.opts.Lease)
+	switch {
+	case err == nil && (resumed.Key != key || resumed.Token != token || resumed.State != backend.StatePending):
+		returned = true
+		return backend.Record{}, &BackendError{Op: "resume", Err: fmt.Errorf("%w: a resume of %q answered with another key, token or state", errMalformed, key)}
+	case err == nil:
+		returned = true
+		return resumed, nil
+	case errors.Is(err, backend.ErrNotOwner):
+		returned = true
+		return backend.Record{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
+	got, found, gerr := b.Get(rctx, key, s.opts.Now())
+	cancel()
+	returned = true
+	if gerr == nil && found && got.Token == token && got.State == backend.StatePending {
+		return got, nil
+	}
+	return backend.Record{}, &BackendError{Op: "resume", Err: err}
 }
 
 // errMalformed is the cause of a *BackendError for a Backend whose answer

@@ -201,3 +201,105 @@ func TestFingerprintThatPanicsOrExits(t *testing.T) {
 		})
 	}
 }
+
+// armedOnce misbehaves (panic or Goexit) the first time op is picked.
+type armedOnce struct {
+	how, op string
+	armed   atomic.Bool
+	hit     atomic.Bool // it misbehaved
+}
+
+func newArmed(how, op string) *armedOnce {
+	a := &armedOnce{how: how, op: op}
+	a.armed.Store(true)
+	return a
+}
+
+func (a *armedOnce) at(op string) {
+	if op == a.op && a.armed.CompareAndSwap(true, false) {
+		a.hit.Store(true)
+		misbehave(a.how, op)
+	}
+}
+
+// armedCodec is JSON, misbehaving where a picks.
+type armedCodec struct{ a *armedOnce }
+
+func (c armedCodec) Marshal(v any) ([]byte, error) {
+	c.a.at("Marshal")
+	return idem.JSONCodec{}.Marshal(v)
+}
+
+func (c armedCodec) Unmarshal(data []byte, v any) error {
+	c.a.at("Unmarshal")
+	return idem.JSONCodec{}.Unmarshal(data, v)
+}
+
+// The Codec, the Observer and the Backend's optional interfaces (Stepper,
+// Lister), each panicking or ending the goroutine at each of their
+// methods, on the caller's goroutine and on RunOnce's own: no panic
+// escapes, and the key answers afterwards (replays or runs).
+func TestForeignCodeThatPanicsOrExitsStrandsNothing(t *testing.T) {
+	ops := []string{"Marshal", "Unmarshal", "Call", "Executing", "Span", "Span's end", "RecordStep", "Resume", "Each"}
+	for _, how := range []string{"panic", "goexit"} {
+		for _, op := range ops {
+			for _, detached := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%s/detached=%v", how, op, detached), func(t *testing.T) {
+					a := newArmed(how, op)
+					mem := idemtest.NewMemoryBackend()
+					// Faulty's Stepper and Lister methods have no Lose.
+					b := idemtest.Faulty{Backend: mem, Fail: func(op string) error {
+						if op == "RecordStep" || op == "Resume" || op == "Each" {
+							a.at(op)
+						}
+						return nil
+					}}
+					obs := &idem.Observer{
+						Call:      func(context.Context, string, idem.Outcome, time.Duration) { a.at("Call") },
+						Executing: func(context.Context, int) { a.at("Executing") },
+						Span: func(ctx context.Context, _, _ string) (context.Context, func(error)) {
+							a.at("Span")
+							return ctx, func(error) { a.at("Span's end") }
+						},
+					}
+					s := idem.New[order](idem.Options{Backend: b, Codec: armedCodec{a}, Observer: obs, Resume: true,
+						Lease: 60 * time.Millisecond, SettleTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
+					ctx := context.Background()
+					if detached {
+						c, cancel := context.WithCancel(ctx)
+						defer cancel()
+						ctx = c
+					}
+					boom := errors.New("after a step")
+					for i := range 3 { // a step recorded, a failure, a resume; then a replay
+						escaped, _ := isolated(func() {
+							_, _ = s.RunOnce(ctx, "k", "p", func(ctx context.Context) (order, error) {
+								if _, err := idem.Step(ctx, "charge", func(context.Context) (int, error) { return 1, nil }); err != nil {
+									return order{}, err
+								}
+								if i == 0 {
+									return order{}, boom
+								}
+								return order{ID: 1}, nil
+							})
+						})
+						require.Nil(t, escaped, "a panic escaped the library")
+					}
+					escaped, _ := isolated(func() {
+						for range s.Records(context.Background()) {
+						}
+					})
+					require.Nil(t, escaped, "a panic escaped the library")
+					// Whatever happened, the key answers: the outcome.
+					ctx2, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					got, err := s.RunOnce(ctx2, "k", "p", func(context.Context) (order, error) { return order{ID: 1}, nil })
+					require.NoError(t, err, "the key was left stuck")
+					assert.Equal(t, order{ID: 1}, got)
+					closeWithin(t, s, 5*time.Second)
+					assert.True(t, a.hit.Load(), "%s was never called", op)
+				})
+			}
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed094d4201/idem/internal/svctest"
 	"pgregory.net/rapid"
 )
 
@@ -39,7 +40,9 @@ import (
 // sequence of actions and the flag that replays it (-rapid.seed). The run
 // stops after rapid's checks (-rapid.checks, 100 unless told) or after
 // its time budget, whichever comes first: IDEM_MODEL_BUDGET (a
-// time.Duration) or one minute, divided by five under -short.
+// time.Duration) if set, else one minute with IDEM_LONG=1 (as CI runs)
+// and ten seconds without (a plain go test ./...); divided by five under
+// -short.
 func RunModel(t *testing.T, h Harness) {
 	budget := modelBudget()
 	seedModel(t)
@@ -64,7 +67,10 @@ func RunModel(t *testing.T, h Harness) {
 
 // modelBudget is how long RunModel explores.
 func modelBudget() time.Duration {
-	budget := time.Minute
+	budget := 10 * time.Second
+	if svctest.Long() {
+		budget = time.Minute
+	}
 	if s := os.Getenv("IDEM_MODEL_BUDGET"); s != "" {
 		if d, err := time.ParseDuration(s); err == nil && d > 0 {
 			budget = d

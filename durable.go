@@ -370,11 +370,26 @@ func (t *Ticket[R]) takeLease() func() {
 // that a backend on the store's clock sees it lapsed whatever that clock
 // does next (stands still, as a test's does, or steps back), or a
 // nanosecond after a server's now. If it fails, the lease lapses on its
-// own.
+// own. A Backend that ends the goroutine (runtime.Goexit) in it leaves
+// the lapse to be tried once more in the background, so that the claim
+// is not held for a whole lease that nobody renews.
 func (s *Store[R]) lapse(ctx context.Context, claim backend.Record) {
+	s.tryLapse(ctx, claim, true)
+}
+
+// tryLapse is lapse, tried again in the background if again is set and
+// the Backend ends the goroutine.
+func (s *Store[R]) tryLapse(ctx context.Context, claim backend.Record, again bool) {
+	returned := false
+	defer exiting(&returned, func() {
+		if again {
+			s.startBackground(func() { s.tryLapse(s.closing, claim, false) })
+		}
+	})
 	ctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
 	defer cancel()
 	_ = s.b.Renew(ctx, claim.Key, claim.Token, lapsedAt, time.Nanosecond)
+	returned = true
 }
 
 // lapsedAt is the instant a lapsed lease is given: the first second of

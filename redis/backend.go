@@ -132,9 +132,13 @@ var (
 // policy is read before the first claim, and again before each claim
 // until every primary is found not to evict (a Cluster's masters, a Ring's
 // shards). It comes from CONFIG GET, or, where a managed Redis refuses
-// CONFIG, from INFO memory; a server that answers neither is taken not to
-// evict. A policy changed to an evicting one after it passed is not seen:
-// the policy is the operator's to keep at noeviction. Reads, Forget and
+// CONFIG, from INFO memory; a server that refuses both is taken not to
+// evict, and one that cannot answer now (BUSY, LOADING) fails the claim.
+// A pass holds for a minute, after which the policy is read again before
+// the next claim: a policy changed to an evicting one later, or an
+// evicting master added to a Cluster, has claims refused from then on
+// (records written before may be evicted meanwhile: the policy is the
+// operator's to keep at noeviction). Reads, Forget and
 // listings never check it: an operator's tool works on any Redis.
 func New(rdb redis.UniversalClient, opts Options) *Backend {
 	prefix := opts.Prefix

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/seed094d4201/idem/backend"
@@ -21,19 +22,35 @@ import (
 // to accept that cost.
 var ErrEvicting = errors.New("redis: the server may evict keys (maxmemory-policy is not noeviction), and an evicted outcome would let its operation run again")
 
-// A policyCheck remembers that every primary was found not to evict, so
-// that the policy is read only until it passes.
+// policyRecheck is how long a pass holds: the policy is read again before
+// the first claim after it, so that one an operator changes to an
+// evicting policy, or a Cluster master added later, is seen within it. A
+// read per primary a minute costs nothing beside the claims.
+const policyRecheck = time.Minute
+
+// A policyCheck remembers when every primary was last found not to
+// evict, so that the policy is read only before the first claim, while it
+// fails, and once a pass is policyRecheck old.
 type policyCheck struct {
-	passed atomic.Bool
+	// until is when the last pass ends, as nanoseconds on this process's
+	// monotonic clock since policyEpoch; 0 before the first pass.
+	until atomic.Int64
 }
 
+// policyEpoch is the origin of policyCheck.until's monotonic readings.
+var policyEpoch = time.Now()
+
+// lapse ends the current pass, as policyRecheck's passing does.
+func (p *policyCheck) lapse() { p.until.Store(0) }
+
 // check returns nil if no primary rdb writes to evicts keys, or if that
-// cannot be told; an error matching ErrEvicting (and backend.ErrRefused)
-// if one does; or the error that kept it from asking. A pass is kept; a
-// refusal is not, so that a claim after the operator changed the policy
-// goes ahead.
+// cannot be told (every primary refuses both CONFIG and INFO); an error
+// matching ErrEvicting (and backend.ErrRefused) if one does; or the error
+// that kept it from asking. A pass is kept for policyRecheck; a refusal
+// or an error is not, so that a claim after the operator changed the
+// policy, or once the server answers, reads it again.
 func (p *policyCheck) check(ctx context.Context, rdb redis.UniversalClient) error {
-	if p.passed.Load() {
+	if time.Since(policyEpoch).Nanoseconds() < p.until.Load() {
 		return nil
 	}
 	var mu sync.Mutex
@@ -52,11 +69,11 @@ func (p *policyCheck) check(ctx context.Context, rdb redis.UniversalClient) erro
 	})
 	switch {
 	case err != nil:
-		return backend.Refuse(fmt.Errorf("redis: reading the server's maxmemory-policy before the first claim: %w", err))
+		return backend.Refuse(fmt.Errorf("redis: reading the server's maxmemory-policy before a claim: %w", err))
 	case len(evicting) > 0:
 		return backend.Refuse(fmt.Errorf("%w: %s; set it to noeviction, or Options.AllowEviction to accept that cost", ErrEvicting, strings.Join(evicting, ", ")))
 	}
-	p.passed.Store(true)
+	p.until.Store((time.Since(policyEpoch) + policyRecheck).Nanoseconds())
 	return nil
 }
 
@@ -102,9 +119,18 @@ func evictionPolicy(ctx context.Context, node redis.Cmdable) (string, error) {
 	return "", nil
 }
 
-// refusedByServer reports whether err is the server's error reply to a
-// command (an unknown or forbidden command), not a failure to reach it.
+// refusedByServer reports whether err is the server's refusal of a
+// command it will not run for this client: unknown (renamed away, as a
+// managed Redis does; "ERR unknown command") or forbidden by its ACL
+// ("NOPERM"). Not any error reply: one that says the server cannot answer
+// now (BUSY with a script, LOADING its data, MASTERDOWN, CLUSTERDOWN,
+// TRYAGAIN) has not told the policy, and taking it for a refusal would
+// take the policy for one that cannot be told.
 func refusedByServer(err error) bool {
 	var rerr redis.Error
-	return errors.As(err, &rerr) && !errors.Is(err, redis.Nil)
+	if !errors.As(err, &rerr) || errors.Is(err, redis.Nil) {
+		return false
+	}
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "ERR ") || strings.HasPrefix(msg, "NOPERM")
 }

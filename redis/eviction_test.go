@@ -159,3 +159,55 @@ func TestEvictingClusterPrimaryRefusesClaims(t *testing.T) {
 		assert.ErrorContains(t, err, evicting+" has maxmemory-policy volatile-lfu")
 	}
 }
+
+// A policy found to be noeviction is read again once policyRecheck has
+// passed: an operator who sets an evicting policy later, or a Cluster
+// that gains an evicting master, has claims refused from then on, not
+// never. (Before, the first pass was kept for ever.)
+func TestEvictionPolicyChangedLaterIsNoticed(t *testing.T) {
+	rdb := startRedis(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+	ctx := context.Background()
+	b := New(rdb, Options{})
+	claim := func(key string) (bool, error) {
+		_, won, err := b.Claim(ctx, backend.Record{Key: key, Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+		return won, err
+	}
+	won, err := claim("first")
+	require.NoError(t, err)
+	require.True(t, won)
+
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+	b.policy.lapse() // policyRecheck has passed since the policy was read
+	_, err = claim("after")
+	require.ErrorIs(t, err, ErrEvicting, "a claim after the operator set allkeys-lru")
+	assert.ErrorContains(t, err, "allkeys-lru")
+}
+
+// A server too busy to answer CONFIG or INFO (a script past its time
+// limit: BUSY) has not told its policy: the claim fails, and the policy
+// is read again at the next, which an evicting server refuses. (Before,
+// BUSY was taken for a refusal of the commands, the policy for one that
+// cannot be told, and the pass kept for ever.)
+func TestEvictionPolicyUnreadWhileBusyIsReadAgain(t *testing.T) {
+	rdb := startRedis(t, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru", "--busy-reply-threshold", "50")
+	ctx := context.Background()
+	b := New(rdb, Options{})
+	script := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, MaxRetries: -1})
+	t.Cleanup(func() { script.Close() })
+	ran := make(chan error, 1)
+	go func() { ran <- script.Eval(ctx, "while true do end", nil).Err() }()
+	require.Eventually(t, func() bool {
+		err := rdb.Ping(ctx).Err()
+		return err != nil && strings.HasPrefix(err.Error(), "BUSY")
+	}, 10*time.Second, 5*time.Millisecond, "the script never made the server busy")
+
+	_, won, err := b.Claim(ctx, backend.Record{Key: "k", Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+	require.Error(t, err, "a claim on a busy server")
+	assert.False(t, won)
+
+	require.NoError(t, rdb.ScriptKill(ctx).Err())
+	require.Error(t, <-ran, "the script was killed")
+	_, won, err = b.Claim(ctx, backend.Record{Key: "k", Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+	require.ErrorIs(t, err, ErrEvicting, "a claim once the server answers again")
+	assert.False(t, won)
+}

@@ -48,10 +48,9 @@
 // work did not happen, and never can as it is, for an operator; it is
 // never acked. What each adapter does with it:
 //
-//	idemnats    Term with the reason (JetStream's MSG_TERMINATED advisory
-//	            carries it, for a dead-letter stream; a server before
-//	            2.10.4 ignores the term and redelivers after AckWait);
-//	            with AckRejected, NakWithDelay(InterruptedDelay)
+//	idemnats    NakWithDelay(InterruptedDelay), again and again (never
+//	            Term, which deletes a message from a work-queue
+//	            stream); the consumer's MaxDeliver bounds it
 //	idemrabbit  with DeadLetter, Nack without requeue (the queue's
 //	            dead-letter exchange takes it); else a retry after
 //	            InterruptedDelay, again and again

@@ -17,9 +17,8 @@ type Options struct {
 	// Key returns a message's idempotency key. Nil means its Nats-Msg-Id
 	// header. A message without a valid key (no header, or Key's error)
 	// is held (idemqueue.Hold), since nothing tells its redeliveries
-	// apart from new messages: terminated with the reason, or with
-	// AckRejected redelivered after idemqueue.Options.InterruptedDelay,
-	// never acked. A Key that falls back on a field of the body when
+	// apart from new messages: naked, and redelivered after
+	// idemqueue.Options.InterruptedDelay, never acked nor terminated. A Key that falls back on a field of the body when
 	// the header is missing handles such messages instead.
 	Key func(jetstream.Msg) (string, error)
 
@@ -29,12 +28,11 @@ type Options struct {
 	Payload func(jetstream.Msg) any
 
 	// AckRejected acks a message the decision rejects (a final failure,
-	// another payload under its key) instead of terminating it, and
-	// naks a held one (no valid id) with idemqueue's InterruptedDelay
-	// instead of terminating it: a held message's work did not happen,
-	// and is never acked. False means Term, which JetStream reports as
-	// an advisory ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED), for a
-	// dead-letter stream to collect.
+	// another payload under its key) instead of terminating it. False
+	// means Term, which JetStream reports as an advisory
+	// ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED), for a dead-letter
+	// stream to collect. A held message (no valid id) is naked either
+	// way: its work did not happen.
 	AckRejected bool
 
 	// ProgressInterval is how often a message being handled is marked
@@ -173,17 +171,12 @@ func (c *Consumer[R]) settle(msg jetstream.Msg, d idemqueue.Decision) error {
 			err = msg.Term()
 		}
 	case idemqueue.Hold:
-		// Never acked, even with AckRejected: its work did not
-		// happen. A term with a reason puts the reason in the
-		// advisory, for the operator; a server before 2.10.4 ignores
-		// it and redelivers the message after AckWait, which keeps
-		// it all the same. With AckRejected, no one collects the
-		// advisories: the message stays, redelivered after d.Delay.
-		if c.opts.AckRejected {
-			err = msg.NakWithDelay(d.Delay)
-		} else {
-			err = msg.TermWithReason(holdReason(d))
-		}
+		// Never acked, nor terminated, even with AckRejected: its work
+		// did not happen, and a term deletes the message from a
+		// work-queue or interest stream as an ack does (only the
+		// advisory would be left, without the message). Naked, it stays
+		// in the stream, delivered again after d.Delay for an operator.
+		err = msg.NakWithDelay(d.Delay)
 	default:
 		err = msg.NakWithDelay(d.Delay)
 	}
@@ -191,13 +184,4 @@ func (c *Consumer[R]) settle(msg jetstream.Msg, d idemqueue.Decision) error {
 		return fmt.Errorf("idemnats: settling the message (%v): %w", d.Action, err)
 	}
 	return nil
-}
-
-// holdReason is the reason a held message is terminated with, as the
-// MSG_TERMINATED advisory shows it.
-func holdReason(d idemqueue.Decision) string {
-	if d.Err == nil {
-		return "idem: the message has no valid id"
-	}
-	return d.Err.Error()
 }

@@ -7,20 +7,17 @@
 //	idemqueue.Ack     Ack
 //	idemqueue.Reject  Term (or Ack, with Options.AckRejected)
 //	idemqueue.Retry   NakWithDelay(Decision.Delay)
-//	idemqueue.Hold    TermWithReason(Decision.Err) (or, with
-//	                  Options.AckRejected, NakWithDelay(Decision.Delay)):
-//	                  never Ack
+//	idemqueue.Hold    NakWithDelay(Decision.Delay): never Ack nor Term
 //
 // A message without a Nats-Msg-Id header (or whose Options.Key fails) is
-// held: its work did not happen, and never can without an id. By default
-// it is terminated with the reason, which the server's MSG_TERMINATED
-// advisory ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>)
-// carries from NATS 2.10.4 on, for an operator's dead-letter stream to
-// collect; an older server ignores a term with a reason and redelivers
-// the message after AckWait, so it is kept there too. With AckRejected it
-// is naked with idemqueue.Options.InterruptedDelay, again and again, until
+// held: its work did not happen, and never can without an id. It is
+// naked with idemqueue.Options.InterruptedDelay, again and again, until
 // an operator removes it or a deploy adds an Options.Key that derives a
-// key from its body.
+// key from its body. It is never terminated: a term deletes a message
+// from a work-queue or interest stream, as an ack does, and would lose
+// it. A consumer's MaxDeliver bounds its deliveries: past it, JetStream
+// stops delivering it, leaves it in the stream and reports it
+// ($JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>).
 //
 // While a delivery is handled (waiting for another delivery of its id,
 // then running the handler), the message is marked InProgress every
@@ -31,9 +28,9 @@
 //
 // A consumer's MaxDeliver counts every delivery, naks included: a message
 // retried more often than it allows (a key busy elsewhere, an interrupted
-// key kept for an operator, a message without an id held with
-// AckRejected or on a server before 2.10.4) is dropped by JetStream. Leave it unlimited
-// (-1, the default), or above what the delays add up to.
+// key kept for an operator, a message without an id held) is no longer
+// delivered by JetStream. Leave it unlimited (-1, the default), or above
+// what the delays add up to.
 //
 // JetStream's dedupe window drops a second publish of an id within it
 // (two minutes by default); idem makes harmless what the window does not

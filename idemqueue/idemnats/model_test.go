@@ -24,8 +24,9 @@ import (
 // downstream); messages without a Nats-Msg-Id (a publisher's bug).
 // Invariants: no message's effect happens twice, ever; at the end every
 // message with an id is acked with its effect once, or terminated with
-// none after a final failure; every message without one is terminated
-// with a reason (for the advisory), never acked, its handler never run.
+// none after a final failure; every message without one is held: naked
+// for a later delivery (never terminated, which deletes a message from a
+// work-queue stream), never acked, its handler never run.
 func TestConsumerModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		b := idemtest.NewMemoryBackend()
@@ -82,7 +83,7 @@ func TestConsumerModel(t *testing.T) {
 			}
 		}
 		final := map[string]bool{}
-		acked, termed, withReason := map[string]int{}, map[string]int{}, map[string]int{}
+		acked, termed, held := map[string]int{}, map[string]int{}, map[string]int{}
 		ctx := context.Background()
 		for attempt := 0; len(queue) > 0; attempt++ {
 			if attempt > 400 {
@@ -115,7 +116,7 @@ func TestConsumerModel(t *testing.T) {
 			if what == "lost-settle" {
 				msg.failSettle = errors.New("nats: connection closed")
 			}
-			_, err := c.Handle(ctx, msg, func(context.Context, jetstream.Msg) (int, error) {
+			d, err := c.Handle(ctx, msg, func(context.Context, jetstream.Msg) (int, error) {
 				switch what {
 				case "fail":
 					return 0, errors.New("transient")
@@ -137,19 +138,24 @@ func TestConsumerModel(t *testing.T) {
 			switch {
 			case len(settles) != 1:
 				rt.Fatalf("%s: settled %v", id, settles)
+			case err == nil && d.Action == idemqueue.Hold:
+				if settles[0] != "nak" {
+					rt.Fatalf("%q: held with %v", id, settles)
+				}
+				held[id]++ // kept in the stream, for an operator
 			case err != nil, settles[0] == "nak":
 				queue = append(queue, id) // a lost settle, or a nak: delivered again
 			case settles[0] == "ack":
 				acked[id]++
 			case settles[0] == "term":
 				termed[id]++
-			case settles[0] == "term-reason":
-				withReason[id]++
+			default:
+				rt.Fatalf("%s: settled %v", id, settles)
 			}
 		}
-		if acked[""] > 0 || termed[""] > 0 || effects[""] > 0 || withReason[""] != noID {
-			rt.Fatalf("%d messages without an id: %d acked, %d terminated, %d terminated with a reason, effect applied %d times",
-				noID, acked[""], termed[""], withReason[""], effects[""])
+		if acked[""] > 0 || termed[""] > 0 || effects[""] > 0 || held[""] != noID {
+			rt.Fatalf("%d messages without an id: %d acked, %d terminated, %d held, effect applied %d times",
+				noID, acked[""], termed[""], held[""], effects[""])
 		}
 		for i := range n {
 			id := fmt.Sprint("msg-", i)
@@ -157,8 +163,8 @@ func TestConsumerModel(t *testing.T) {
 				continue // published without one
 			}
 			switch {
-			case withReason[id] > 0:
-				rt.Fatalf("%s: terminated as if it had no id", id)
+			case held[id] > 0:
+				rt.Fatalf("%s: held as if it had no id", id)
 			case acked[id] > 0 && termed[id] > 0:
 				rt.Fatalf("%s: both acked and terminated", id)
 			case acked[id] > 0 && effects[id] != 1:

@@ -28,7 +28,7 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			t.claim = &claim
 			endClaim(nil)
 			if s.b.st != nil && s.opts.Resume {
-				t.op.resumeWith(s.b, claim, s.opts.Now, s.opts.SettleTimeout, s.stopping)
+				t.op.resumeWith(s.b, claim, s.opts.Now, s.opts.Lease, s.opts.SettleTimeout, s.stopping)
 			}
 			t.startSpan()
 			work, cancelWork := s.workContext(t.ctx, nil)

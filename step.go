@@ -78,14 +78,14 @@ func (s *Store[R]) withOperation(ctx context.Context, key string) (context.Conte
 // resumeWith lets op record steps under claim, each write bounded by
 // settle and by the store's closing (stopping), and gives it the steps
 // claim holds from an earlier run.
-func (op *operation) resumeWith(st backend.Stepper, claim backend.Record, now func() time.Time, settle time.Duration, stopping context.Context) {
+func (op *operation) resumeWith(st backend.Stepper, claim backend.Record, now func() time.Time, lease, settle time.Duration, stopping context.Context) {
 	op.mu.Lock()
 	defer op.mu.Unlock()
 	op.record = func(ctx context.Context, s backend.Step) error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settle)
 		defer cancel()
 		defer context.AfterFunc(stopping, cancel)()
-		return recordStep(ctx, st, claim, s, now)
+		return recordStep(ctx, st, claim, s, now, lease)
 	}
 	for _, s := range claim.Steps {
 		if op.steps == nil {
@@ -102,10 +102,25 @@ func (op *operation) resumeWith(st backend.Stepper, claim backend.Record, now fu
 // reported lost (its run would fail, release the claim with the step, and
 // the next run would do the step's effect again). RecordStep replaces a
 // step of the same name, so writing it again is safe.
-func recordStep(ctx context.Context, st backend.Stepper, claim backend.Record, s backend.Step, now func() time.Time) error {
+//
+// A RecordStep refused because the claim's lease reads as lapsed is no
+// proof the claim is lost (owner.go): the backend's clock may have
+// stepped forward past a live owner's lease. The claim is renewed under
+// its token, which renews a lapsed lease still held by it and fails for
+// a claim another store took over, and the step written again, once;
+// otherwise a step whose effect is done would be reported lost, and the
+// next run would do its effect again.
+func recordStep(ctx context.Context, st backend.Stepper, claim backend.Record, s backend.Step, now func() time.Time, lease time.Duration) error {
 	wait := settleMin
+	renewed := false
 	for {
 		err := st.RecordStep(ctx, claim.Key, claim.Token, s, now())
+		if errors.Is(err, backend.ErrNotOwner) && !renewed {
+			renewed = true
+			if st.Renew(ctx, claim.Key, claim.Token, now(), lease) == nil {
+				continue
+			}
+		}
 		if err == nil || refused(err) || errors.Is(err, backend.ErrNotOwner) {
 			return err
 		}

@@ -18,7 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func reviewEcho(t *testing.T, setup func(e *echo.Echo, guard echo.MiddlewareFunc)) *httptest.Server {
+// serveEcho serves an echo app that setup builds, given the guard over
+// a store of its own.
+func serveEcho(t *testing.T, setup func(e *echo.Echo, guard echo.MiddlewareFunc)) *httptest.Server {
 	t.Helper()
 	store := idem.New[idemhttp.Response](idem.Options{})
 	t.Cleanup(func() { store.Close() })
@@ -30,7 +32,8 @@ func reviewEcho(t *testing.T, setup func(e *echo.Echo, guard echo.MiddlewareFunc
 	return srv
 }
 
-func reviewPost(t *testing.T, url, key string) (*http.Response, string, error) {
+// postKey posts {} to url, with key as its Idempotency-Key unless empty.
+func postKey(t *testing.T, url, key string) (*http.Response, string, error) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader("{}"))
 	if key != "" {
@@ -47,9 +50,9 @@ func reviewPost(t *testing.T, url, key string) (*http.Response, string, error) {
 
 // A handler that wrote its response and then returned an error: the
 // response stands, and is replayed as it was.
-func TestHostileEchoWriteThenError(t *testing.T) {
+func TestResponseWrittenThenErrorIsReplayed(t *testing.T) {
 	var runs atomic.Int32
-	srv := reviewEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
+	srv := serveEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
 		e.POST("/c", func(c echo.Context) error {
 			runs.Add(1)
 			c.Response().Header().Set("Location", "/charges/1")
@@ -59,9 +62,9 @@ func TestHostileEchoWriteThenError(t *testing.T) {
 			return errors.New("audit log failed after the charge")
 		}, guard)
 	})
-	first, b1, err := reviewPost(t, srv.URL+"/c", "k")
+	first, b1, err := postKey(t, srv.URL+"/c", "k")
 	require.NoError(t, err)
-	retry, b2, err := reviewPost(t, srv.URL+"/c", "k")
+	retry, b2, err := postKey(t, srv.URL+"/c", "k")
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, first.StatusCode)
 	assert.Equal(t, first.StatusCode, retry.StatusCode)
@@ -71,9 +74,9 @@ func TestHostileEchoWriteThenError(t *testing.T) {
 
 // echo's Recover outside the guard: a panic before writing is 500 and the
 // key is released; after writing, the response is aborted.
-func TestHostileEchoPanicRecover(t *testing.T) {
+func TestPanicUnderRecoverReleasesTheKeyOrAbortsTheResponse(t *testing.T) {
 	var runs atomic.Int32
-	srv := reviewEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
+	srv := serveEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
 		e.Use(recoverLikeEcho)
 		e.POST("/before", func(c echo.Context) error {
 			if runs.Add(1) == 1 {
@@ -88,23 +91,21 @@ func TestHostileEchoPanicRecover(t *testing.T) {
 			panic("boom")
 		}, guard)
 	})
-	first, body, err := reviewPost(t, srv.URL+"/before", "k")
+	first, _, err := postKey(t, srv.URL+"/before", "k")
 	require.NoError(t, err)
-	t.Logf("panic before write: %d %v %q", first.StatusCode, first.Header, body)
 	assert.Equal(t, http.StatusInternalServerError, first.StatusCode)
 	assert.Empty(t, first.Header.Get("Location"), "a Location for a charge that failed")
-	retry, _, err := reviewPost(t, srv.URL+"/before", "k")
+	retry, _, err := postKey(t, srv.URL+"/before", "k")
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, retry.StatusCode)
 
-	_, b, err := reviewPost(t, srv.URL+"/after", "k2")
-	t.Logf("panic after write: body %q err %v", b, err)
-	assert.Error(t, err, "a half-written response is aborted")
+	_, b, err := postKey(t, srv.URL+"/after", "k2")
+	assert.Error(t, err, "a half-written response is aborted, not taken whole: %q", b)
 }
 
 // Outer middleware sees Status, Size and Committed after the guard, the same
 // on the first call and the replay; the returned error is nil either way.
-func TestHostileEchoResponseAfterGuard(t *testing.T) {
+func TestOuterMiddlewareSeesTheSameResponseOnAReplay(t *testing.T) {
 	type seen struct {
 		status    int
 		size      int64
@@ -112,7 +113,7 @@ func TestHostileEchoResponseAfterGuard(t *testing.T) {
 		err       error
 	}
 	var got []seen
-	srv := reviewEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
+	srv := serveEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
 		e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 			return func(c echo.Context) error {
 				err := next(c)
@@ -125,23 +126,27 @@ func TestHostileEchoResponseAfterGuard(t *testing.T) {
 			return echo.NewHTTPError(http.StatusPaymentRequired, "declined")
 		}, guard)
 	})
-	first, b1, _ := reviewPost(t, srv.URL+"/c", "k")
-	retry, b2, _ := reviewPost(t, srv.URL+"/c", "k")
+	first, b1, _ := postKey(t, srv.URL+"/c", "k")
+	retry, b2, _ := postKey(t, srv.URL+"/c", "k")
 	assert.Equal(t, http.StatusPaymentRequired, first.StatusCode)
 	assert.Equal(t, first.StatusCode, retry.StatusCode)
 	assert.Equal(t, b1, b2)
 	require.Len(t, got, 2)
 	assert.Equal(t, got[0].status, got[1].status)
 	assert.Equal(t, got[0].size, got[1].size)
-	t.Logf("seen: %+v", got)
+	assert.Equal(t, got[0].committed, got[1].committed)
+	assert.NoError(t, got[0].err)
+	assert.NoError(t, got[1].err)
 }
 
 // echo idiom: an outer middleware maps a domain error the handler returns
 // into a response. The adapter writes the error with HTTPErrorHandler
-// inside the guard, so the mapping never happens.
-func TestHostileEchoOuterErrorMapping(t *testing.T) {
+// inside the guard, as its package doc says, so that mapping never sees
+// it: the guarded route answers what HTTPErrorHandler makes of it (500
+// for a plain error), where the bare route gets the mapping's 402.
+func TestOuterErrorMappingDoesNotSeeTheGuardedHandlersError(t *testing.T) {
 	errDeclined := errors.New("declined")
-	srv := reviewEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
+	srv := serveEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
 		e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 			return func(c echo.Context) error {
 				if err := next(c); errors.Is(err, errDeclined) {
@@ -154,9 +159,16 @@ func TestHostileEchoOuterErrorMapping(t *testing.T) {
 		e.POST("/bare", func(c echo.Context) error { return errDeclined })
 		e.POST("/c", func(c echo.Context) error { return errDeclined }, guard)
 	})
-	bare, _, _ := reviewPost(t, srv.URL+"/bare", "")
-	first, body, _ := reviewPost(t, srv.URL+"/c", "k")
-	t.Logf("bare %d; guarded %d %q", bare.StatusCode, first.StatusCode, body)
+	bare, _, err := postKey(t, srv.URL+"/bare", "")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusPaymentRequired, bare.StatusCode)
+	first, body, err := postKey(t, srv.URL+"/c", "k")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusInternalServerError, first.StatusCode, body)
+	retry, rbody, err := postKey(t, srv.URL+"/c", "k")
+	require.NoError(t, err)
+	assert.Equal(t, first.StatusCode, retry.StatusCode, "released, and answered the same")
+	assert.Equal(t, body, rbody)
 }
 
 // recoverLikeEcho is echo's middleware.Recover in short (that package needs

@@ -1,0 +1,41 @@
+package idemecho_test
+
+import (
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+
+	"github.com/labstack/echo/v4"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A handler that upgrades the connection the way WebSocket libraries do
+// (101 Switching Protocols through the Response, then Hijack) answered
+// on it: it is remembered as done, and a retry replays that it ran.
+func TestUpgradedHandlerIsNotRunAgain(t *testing.T) {
+	var runs atomic.Int32
+	srv := serveEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
+		e.POST("/upgrade", func(c echo.Context) error {
+			runs.Add(1)
+			c.Response().Header().Set("Connection", "Upgrade")
+			c.Response().Header().Set("Upgrade", "tcp")
+			c.Response().WriteHeader(http.StatusSwitchingProtocols)
+			conn, rw, err := c.Response().Hijack()
+			if err != nil {
+				return err
+			}
+			io.WriteString(rw, "on the connection")
+			rw.Flush()
+			return conn.Close()
+		}, guard)
+	})
+	postKey(t, srv.URL+"/upgrade", "k") // its answer is its own
+	retry, body, err := postKey(t, srv.URL+"/upgrade", "k")
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), runs.Load(), "the handler ran again")
+	assert.Equal(t, http.StatusOK, retry.StatusCode)
+	assert.Equal(t, "hijacked", retry.Header.Get("Idempotent-Body-Omitted"))
+	assert.Empty(t, body)
+}

@@ -55,14 +55,21 @@ func watchPending(lease time.Duration, rec backend.Record) time.Duration {
 
 // provenDead reports whether rec, an interrupted record, says its owner is
 // dead or let it go, not only that its lease lapsed: it has no lease to
-// judge (the backend proved its owner dead), or one that ended before the
-// claim was made, which no renewal ever gives: an owner's own lapse
-// (letting a claim go for resumption, on a backend that keeps the store's
-// clock), or a transactional claim committed without its outcome. A
-// shared backend's lapse ends at its server's now, and is watched as any
-// other.
+// judge (the backend proved its owner dead); or the lease an owner's own
+// lapse gives (letting a claim go for resumption, on a backend that keeps
+// the store's clock: in the first second after lapsedAt); or the lease of
+// a transactional claim committed without its outcome, never renewed,
+// made at its claim's instant or a microsecond before. A lease that merely
+// ends before the claim was made is no proof: a live owner's renewal
+// gives one while the clock stands stepped back by more than the time
+// since its claim. A shared backend's lapse ends at its server's now, and
+// is watched as any other.
 func provenDead(rec backend.Record) bool {
-	return rec.State == backend.StateInterrupted && (rec.LeaseUntil.IsZero() || rec.LeaseUntil.Before(rec.CreatedAt))
+	if rec.State != backend.StateInterrupted {
+		return false
+	}
+	early := rec.CreatedAt.Sub(rec.LeaseUntil)
+	return rec.LeaseUntil.IsZero() || rec.LeaseUntil.Before(lapsedAt.Add(time.Second)) || (early >= 0 && early <= time.Microsecond)
 }
 
 // unchanged reports whether b is a, as far as its owner's renewals go.

@@ -21,9 +21,9 @@ import (
 // jittered exponential backoff, never less than a Retry-After header asks,
 // and gives up, returning the last answer, when the wait would pass MaxWait
 // or outlast the request's context. While it waits it reads what is left
-// of the answer it retries, a few KiB for 100ms at most, so that the
-// connection can carry the retry; a longer or slower body is closed
-// unread, and never holds the retry back.
+// of the answer it retries, a few KiB, for 100ms or the wait at most, so
+// that the connection can carry the retry; a longer or slower body is
+// closed unread, and never holds the retry back.
 //
 // A redirect that http.Client follows with the same method (307, 308) is
 // sent with the key of the request it redirects, so the operation keeps one
@@ -118,7 +118,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		var drained <-chan struct{}
 		if resp != nil && resp.Body != nil { // a Base that breaks the contract may leave it nil
-			drained = discard(resp.Body, min(drainTime, t.maxWait()))
+			drained = discard(resp.Body, min(drainTime, wait)) // never past the wait: it must not hold the retry back
 		}
 		timer := time.NewTimer(wait)
 		select {
@@ -128,7 +128,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, req.Context().Err()
 		}
 		if drained != nil {
-			select { // bounded by drainTime, which is no more than MaxWait
+			select { // closed by now, or at once: bounded by the wait
 			case <-drained:
 			case <-req.Context().Done():
 				return nil, req.Context().Err()
@@ -139,8 +139,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // The body of an answer the Transport retries is read, while it waits,
 // so that its connection can carry the retry, up to drainBytes and for
-// drainTime at most; past either, it is closed unread, and the connection
-// is not reused. A body that stalls thus never holds a retry back.
+// drainTime or the wait at most; past either, it is closed unread, and
+// the connection is not reused. A body that stalls thus never holds a
+// retry back.
 const (
 	drainBytes = 4 << 10
 	drainTime  = 100 * time.Millisecond

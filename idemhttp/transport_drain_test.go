@@ -93,6 +93,19 @@ func TestTransportBoundsTheDrainBeforeARetry(t *testing.T) {
 	})
 }
 
+// The drain never holds the retry back past its backoff: a caller whose
+// deadline comes before the drain's own bound (100 ms) but well after the
+// backoff gets the retry's answer, not its ctx error.
+func TestTransportDrainNeverOutlastsTheBackoff(t *testing.T) {
+	srv, attempts := stalledBusy(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Millisecond)
+	defer cancel()
+	resp, err := roundTrip(t, ctx, srv.URL)
+	require.NoError(t, err, "the retry, after a backoff of at most 1 ms, answers at once")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, int32(2), attempts.Load())
+}
+
 // bodiless answers 503 with no Body at all, against RoundTripper's
 // contract, then 201.
 type bodiless struct{ attempts atomic.Int32 }

@@ -175,10 +175,12 @@ func (c *Consumer[R]) Handle(ctx context.Context, key string, payload any, fn fu
 // state, not by the error: an idem.ErrInvalidKey by idem.CheckKey of key,
 // an idem.ErrInvalidPayload by fingerprinting payload with the store's
 // Fingerprint, an idem.ErrPayloadMismatch by the key's record in the
-// store's Backend holding another payload's fingerprint. An error that
-// matches one but is not borne out is the handler's failure, retried
-// (a store without a Backend cannot show its record: its mismatches are
-// retried too, until the first payload's outcome expires).
+// store's Backend holding another payload's fingerprint; and an
+// idem.ErrOutcomeUnknown, before Reconcile is asked, by that record being
+// claimed and not completed. An error that matches one but is not borne
+// out is the handler's failure, retried (a store without a Backend
+// cannot show its record: its mismatches are retried too, until the
+// first payload's outcome expires).
 func (c *Consumer[R]) HandleTx(ctx context.Context, key string, payload any, call func(ctx context.Context, key string, payload any) error) Decision {
 	if ctx == nil || call == nil {
 		return c.decide(context.Background(), key, errors.New("idemqueue: HandleTx with a nil context or call"), fromCall)
@@ -189,8 +191,14 @@ func (c *Consumer[R]) HandleTx(ctx context.Context, key string, payload any, cal
 	// A panic or a Goexit in call is a failure: retried, as under Handle.
 	_, err := contain.Call(func() (struct{}, error) { return struct{}{}, call(ctx, key, payload) })
 	from := fromCall
-	if c.refusedByStore(ctx, key, payload, err) {
+	switch {
+	case c.refusedByStore(ctx, key, payload, err):
 		from = fromStore
+	case errors.Is(err, idem.ErrOutcomeUnknown) && !c.interruptedInStore(ctx, key):
+		// Not the store's: a call the handler made was interrupted. Its
+		// transaction rolled back, and Reconcile, which may settle the
+		// key, must not be told it was interrupted.
+		from = fromHandler
 	}
 	return c.decide(ctx, key, err, from)
 }
@@ -304,15 +312,35 @@ func (c *Consumer[R]) refusedByStore(ctx context.Context, key string, payload an
 	case ferr != nil || opts.Backend == nil:
 		return false
 	}
+	rec, ok := c.record(ctx, key)
+	return ok && rec.Fingerprint != fp
+}
+
+// interruptedInStore reports whether key's record in the store's Backend
+// is claimed, not completed: what an idem.ErrOutcomeUnknown of the store
+// stands on. A store without a Backend cannot show it.
+func (c *Consumer[R]) interruptedInStore(ctx context.Context, key string) bool {
+	rec, ok := c.record(ctx, key)
+	return ok && rec.State != backend.StateCompleted
+}
+
+// record reads key's record from the store's Backend, the user's code,
+// contained. It reports false if there is none, no Backend, or the read
+// failed.
+func (c *Consumer[R]) record(ctx context.Context, key string) (backend.Record, bool) {
+	opts := txrun.Of(c.store).Options()
+	if opts.Backend == nil {
+		return backend.Record{}, false
+	}
 	type found struct {
 		rec backend.Record
 		ok  bool
 	}
-	f, gerr := contain.Call(func() (found, error) {
+	f, err := contain.Call(func() (found, error) {
 		rec, ok, err := opts.Backend.Get(ctx, key, opts.Now())
 		return found{rec, ok}, err
 	})
-	return gerr == nil && f.ok && f.rec.Fingerprint != fp
+	return f.rec, err == nil && f.ok
 }
 
 // reconcile asks Options.Reconcile about an interrupted key.

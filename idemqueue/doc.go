@@ -35,9 +35,10 @@
 // ErrPayloadMismatch (say, from an idempotent call it made downstream)
 // failed, and nothing was recorded, so its message is retried. Handle
 // knows which phase an error came from (the claim, or the handler);
-// HandleTx, whose call does both, judges a refusal by the store's state
-// (the key, the payload's fingerprint, the key's record), and Decide,
-// given neither phase nor payload, takes none for a refusal: it retries.
+// HandleTx, whose call does both, judges a refusal, or an interruption,
+// by the store's state (the key, the payload's fingerprint, the key's
+// record), and Decide, given neither phase nor payload, takes none for a
+// refusal: it retries.
 //
 // A handler that ran but whose outcome the store could not record is
 // answered as done (Ack): the effect happened, and the store holds the

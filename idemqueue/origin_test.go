@@ -208,3 +208,38 @@ func TestUnfingerprintablePayloadIsRejected(t *testing.T) {
 	}
 	assert.Zero(t, runs.Load())
 }
+
+// An idem.ErrOutcomeUnknown under HandleTx goes to Reconcile only when
+// the store bears it out (the key's record is claimed, not completed): a
+// handler's own error that wraps it (a call it made downstream was
+// interrupted) failed, and its transaction rolled back, so the message
+// is retried after RetryDelay, and Reconcile, which may settle the key
+// by the effect's target, is never told this key was interrupted.
+func TestHandleTxJudgesAnInterruptionByTheStore(t *testing.T) {
+	b := idemtest.NewMemoryBackend()
+	interrupted(t, b, "m1")
+	var reconciled []string
+	c := consumer(t, b, Options{RetryDelay: 3 * time.Second, Reconcile: func(ctx context.Context, key string, err error) Decision {
+		reconciled = append(reconciled, key)
+		return Decision{Action: Retry, Delay: time.Hour, Err: err}
+	}})
+	ctx := context.Background()
+	call := func(fn func(context.Context) (int, error)) func(context.Context, string, any) error {
+		return func(ctx context.Context, key string, payload any) error {
+			_, err := c.Store().RunOnce(ctx, key, payload, fn)
+			return err
+		}
+	}
+	down := fmt.Errorf("calling the ledger: %w", idem.ErrOutcomeUnknown)
+	d := c.HandleTx(ctx, "m2", "body", call(func(context.Context) (int, error) { return 0, down }))
+	assert.Equal(t, Retry, d.Action)
+	assert.Equal(t, 3*time.Second, d.Delay, "the handler's failure")
+	assert.ErrorIs(t, d.Err, down)
+	assert.Empty(t, reconciled, "Reconcile told of a key that is free")
+	assert.Equal(t, Ack, c.HandleTx(ctx, "m2", "body", call(func(context.Context) (int, error) { return 1, nil })).Action)
+
+	d = c.HandleTx(ctx, "m1", "body", call(func(context.Context) (int, error) { t.Error("ran"); return 0, nil }))
+	assert.Equal(t, Decision{Action: Retry, Delay: time.Hour, Err: d.Err}, d, "the store's: Reconcile decides")
+	assert.ErrorIs(t, d.Err, idem.ErrOutcomeUnknown)
+	assert.Equal(t, []string{"m1"}, reconciled)
+}

@@ -25,7 +25,9 @@
 // dead-lettered back to <queue> by the default exchange. The copy is
 // published with a publisher confirm before the original is acked, so a
 // crash between the two leaves a duplicate, which idem makes harmless,
-// never a loss. Each delay has its queue because RabbitMQ expires only the
+// never a loss. A held message's duplicate has no id to be told apart
+// by, and stays one (a Key that later derives its id from the body
+// handles both once); with DeadLetter, a held message is never copied. Each delay has its queue because RabbitMQ expires only the
 // message at a queue's head: one queue of mixed delays would hold a short
 // delay behind a long one. A retry queue is declared at each use and
 // deletes itself when unused for its delay plus an hour (x-expires), so

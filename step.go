@@ -146,6 +146,14 @@ func (op *operation) hasSteps() bool {
 	return op.recorded
 }
 
+// mayHoldStep notes that the claim may hold a step: one whose write's
+// fate is unknown.
+func (op *operation) mayHoldStep() {
+	op.mu.Lock()
+	op.recorded = true
+	op.mu.Unlock()
+}
+
 // errStepExited is what the other callers of a step get when its fn ended
 // its goroutine (runtime.Goexit) instead of returning.
 var errStepExited = errors.New("idem: the step's fn exited its goroutine")
@@ -270,7 +278,16 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		return val, err
 	}
 	s.Value = enc
-	if rerr := record(ctx, s); rerr != nil {
+	// A Backend that ends the goroutine (runtime.Goexit) in the write
+	// leaves the step's fate unknown: it may have landed. The claim then
+	// counts as holding a step, so that the failed run keeps it at its
+	// recovery point (letGo) rather than release it, step and all, for the
+	// next run to do the step's effect again.
+	written := false
+	defer exiting(&written, op.mayHoldStep)
+	rerr := record(ctx, s)
+	written = true
+	if rerr != nil {
 		err = errors.Join(err, fmt.Errorf("idem: recording step %q: %w", name, rerr))
 		return val, err
 	}

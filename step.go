@@ -278,15 +278,20 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		return val, err
 	}
 	s.Value = enc
-	// A Backend that ends the goroutine (runtime.Goexit) in the write
-	// leaves the step's fate unknown: it may have landed. The claim then
-	// counts as holding a step, so that the failed run keeps it at its
-	// recovery point (letGo) rather than release it, step and all, for the
-	// next run to do the step's effect again.
+	// A write that failed with neither a refusal nor a lost claim (a
+	// lost reply whose read-back failed too), or whose Backend ended the
+	// goroutine (runtime.Goexit), leaves the step's fate unknown: it may
+	// have landed. The claim then counts as holding a step, so that the
+	// failed run keeps it at its recovery point (letGo) rather than
+	// release it, step and all, for the next run to do the step's effect
+	// again.
 	written := false
 	defer exiting(&written, op.mayHoldStep)
 	rerr := record(ctx, s)
 	written = true
+	if rerr != nil && !refused(rerr) && !errors.Is(rerr, backend.ErrNotOwner) {
+		op.mayHoldStep()
+	}
 	if rerr != nil {
 		err = errors.Join(err, fmt.Errorf("idem: recording step %q: %w", name, rerr))
 		return val, err

@@ -39,3 +39,36 @@ func TestUpgradedHandlerIsNotRunAgain(t *testing.T) {
 	assert.Equal(t, "hijacked", retry.Header.Get("Idempotent-Body-Omitted"))
 	assert.Empty(t, body)
 }
+
+// A handler that takes the connection over and then panics, under a
+// recover middleware, failed before commit: its key is released and a
+// retry runs it again.
+func TestHijackedHandlerThatPanicsIsReleased(t *testing.T) {
+	var runs atomic.Int32
+	srv := serveEcho(t, func(e *echo.Echo, guard echo.MiddlewareFunc) {
+		e.Use(recoverLikeEcho)
+		e.POST("/attach", func(c echo.Context) error {
+			if runs.Add(1) > 1 {
+				return c.NoContent(http.StatusCreated)
+			}
+			conn, _, err := c.Response().Hijack()
+			if err != nil {
+				return err
+			}
+			conn.Close()
+			panic("after the hijack")
+		}, guard)
+	})
+	_, _, err := postKey(t, srv.URL+"/attach", "k")
+	assert.Error(t, err, "the connection was closed unanswered")
+	// A retry that came while the key was still held waited for the
+	// panic and was told so; the next runs the handler again.
+	retry, _, err := postKey(t, srv.URL+"/attach", "k")
+	require.NoError(t, err)
+	if retry.StatusCode == http.StatusInternalServerError {
+		retry, _, err = postKey(t, srv.URL+"/attach", "k")
+		require.NoError(t, err)
+	}
+	assert.Equal(t, http.StatusCreated, retry.StatusCode)
+	assert.Equal(t, int32(2), runs.Load())
+}

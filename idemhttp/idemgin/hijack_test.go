@@ -45,3 +45,37 @@ func TestUpgradedHandlerIsNotRunAgain(t *testing.T) {
 	assert.Equal(t, "hijacked", retry.Header.Get("Idempotent-Body-Omitted"))
 	assert.Empty(t, body)
 }
+
+// A handler that takes the connection over and then panics, under
+// gin.Recovery, failed before commit: its key is released and a retry
+// runs it again; nothing is written on the connection it took.
+func TestHijackedHandlerThatPanicsIsReleased(t *testing.T) {
+	var runs atomic.Int32
+	srv := serveGin(t, func(r *gin.Engine, guard gin.HandlerFunc) {
+		r.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, err any) { c.AbortWithStatus(http.StatusInternalServerError) }))
+		r.POST("/attach", guard, func(c *gin.Context) {
+			if runs.Add(1) > 1 {
+				c.Status(http.StatusCreated)
+				return
+			}
+			conn, _, err := c.Writer.Hijack()
+			if err != nil {
+				return
+			}
+			conn.Close()
+			panic("after the hijack")
+		})
+	})
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/attach", strings.NewReader("{}"))
+	req.Header.Set(idemhttp.Header, "k")
+	_, err := http.DefaultClient.Do(req)
+	assert.Error(t, err, "the connection was closed unanswered")
+	// A retry that came while the key was still held waited for the
+	// panic and was told so; the next runs the handler again.
+	retry, _ := postKey(t, srv.URL+"/attach", "k", "{}")
+	if retry.StatusCode == http.StatusInternalServerError {
+		retry, _ = postKey(t, srv.URL+"/attach", "k", "{}")
+	}
+	assert.Equal(t, http.StatusCreated, retry.StatusCode)
+	assert.Equal(t, int32(2), runs.Load())
+}

@@ -31,8 +31,10 @@ type Options struct {
 	// another payload under its key) instead of terminating it. False
 	// means Term, which JetStream reports as an advisory
 	// ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED), for a dead-letter
-	// stream to collect. A held message (no valid id) is naked either
-	// way: its work did not happen.
+	// stream to collect (on a work-queue or interest stream, a term
+	// deletes the message as an ack does: the advisory names its
+	// sequence, not its data). A held message (no valid id) is naked
+	// either way: its work did not happen.
 	AckRejected bool
 
 	// ProgressInterval is how often a message being handled is marked

@@ -152,7 +152,9 @@ func (g guarded) Resume(ctx context.Context, key, old, token string, now time.Ti
 }
 
 // Each is the Lister's; the Store calls it only when g.ls is set. A panic
-// in fn, the Store's own, is not the Backend's and goes on up.
+// in fn, the Store's own (Store.Records' loop body runs in it), is not the
+// Backend's and goes on up: inFn is left set when fn does not return, not
+// reset by a deferred call that would run before guard sees the panic.
 func (g guarded) Each(ctx context.Context, fn func(backend.Record) error) (err error) {
 	returned, inFn := false, false
 	defer guard(&returned, func(v any) {
@@ -163,8 +165,9 @@ func (g guarded) Each(ctx context.Context, fn func(backend.Record) error) (err e
 	}, nil)
 	err = g.ls.Each(ctx, func(rec backend.Record) error {
 		inFn = true
-		defer func() { inFn = false }()
-		return fn(rec)
+		ferr := fn(rec)
+		inFn = false
+		return ferr
 	})
 	returned = true
 	return err

@@ -172,7 +172,9 @@ type Guard struct {
 // most once per Idempotency-Key (within the request's scope) and replays the
 // stored response, with Idempotent-Replayed: true, to every retry. A
 // response stored gzip or deflate (a compression middleware inside the
-// guard) is decoded for a retry whose Accept-Encoding does not accept it.
+// guard) is decoded for a retry whose Accept-Encoding does not accept it;
+// one that cannot be (another coding, a range of the encoded bytes, a body
+// coded twice over that decodes past 1032 times its size) is 406.
 //
 // A request with the key of a request still in flight waits up to
 // opts.Wait for its outcome, then is answered 409 Conflict with Retry-After.

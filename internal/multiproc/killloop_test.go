@@ -59,9 +59,9 @@ const (
 // TestKillLoop kills a working child process many times per backend and
 // checks the ledgers it leaves against the backend.
 func TestKillLoop(t *testing.T) {
-	kills := 25
-	if testing.Short() {
-		kills = 8
+	kills := 8 // a plain go test ./...
+	if svctest.Long() && !testing.Short() {
+		kills = 25
 	}
 	t.Run("bolt", func(t *testing.T) {
 		killLoop(t, "bolt", filepath.Join(t.TempDir(), "idem.db"), kills)

@@ -93,7 +93,7 @@ func TestDuplicateOfAnotherProcessWaitsOnlyItsCtx(t *testing.T) {
 func TestKilledTicketOwner(t *testing.T) {
 	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
 		startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k", beginEnv+"=1").kill(t)
-		s := idem.New[int](idem.Options{Backend: b})
+		s := idem.New[int](idem.Options{Backend: b, Lease: holdLease}) // the holder's: stores that share a backend share one Lease
 		defer s.Close()
 		short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		_, err := s.Begin(short, "k", "p")
@@ -124,7 +124,7 @@ func TestKilledOwner(t *testing.T) {
 		ctx := context.Background()
 		var runs atomic.Int32
 		fn := func(context.Context) (int, error) { runs.Add(1); return 7, nil }
-		s := idem.New[int](idem.Options{Backend: b})
+		s := idem.New[int](idem.Options{Backend: b, Lease: holdLease}) // the holder's: stores that share a backend share one Lease
 		defer s.Close()
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		_, err := s.RunOnce(short, "k", "p", fn)
@@ -177,7 +177,8 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 		// Long enough that the claim's reply lands within the store's
 		// trust on a loaded machine, so fn starts.
 		var un idemtest.Unrecorded
-		old := idem.New[int](idem.Options{Backend: stalled, Lease: 1500 * time.Millisecond, Observer: un.Observer()})
+		const lease = 1500 * time.Millisecond
+		old := idem.New[int](idem.Options{Backend: stalled, Lease: lease, Observer: un.Observer()})
 		defer old.Close()
 		inFn, resume := make(chan struct{}), make(chan struct{})
 		result := make(chan error, 1)
@@ -206,7 +207,7 @@ func TestStalledOwnerIsFenced(t *testing.T) {
 			require.True(t, time.Now().Before(deadline), "the stalled owner's lease never lapsed")
 			time.Sleep(20 * time.Millisecond)
 		}
-		fresh := idem.New[int](idem.Options{Backend: b, RetryInterrupted: true})
+		fresh := idem.New[int](idem.Options{Backend: b, RetryInterrupted: true, Lease: lease}) // stores that share a backend share one Lease
 		defer fresh.Close()
 		v, err := fresh.RunOnce(ctx, "k", "p", func(context.Context) (int, error) { return 2, nil })
 		require.NoError(t, err)

@@ -83,7 +83,7 @@ func runChild() error {
 		return err
 	}
 	if key := os.Getenv(retryEnv); key != "" {
-		store := idem.New[int](idem.Options{Backend: backend, RetryInterrupted: true, TTL: time.Minute})
+		store := idem.New[int](idem.Options{Backend: backend, RetryInterrupted: true, TTL: time.Minute, Lease: holdLease})
 		defer store.Close()
 		fmt.Println("ready")
 		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {

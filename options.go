@@ -74,10 +74,12 @@ type Options struct {
 	// runs, the store renews it every quarter of that; a claim whose lease
 	// lapsed, because its owner died or stalled, is interrupted. A lapse
 	// alone is no proof (a clock can step): another store takes a lapsed
-	// claim for interrupted only once it has seen it go unrenewed for a
-	// third of its own Lease on its own monotonic clock, so stores that
-	// share a Backend must use one Lease; a claim the backend still holds,
-	// seen unrenewed for a whole Lease, is taken for a dead owner's. The owner
+	// claim for interrupted only once it has seen it go unrenewed for its
+	// own whole Lease on its own monotonic clock (past any trust an owner
+	// cut off from the backend still has), so stores that share a Backend
+	// must use one Lease; a claim the backend still holds, seen unrenewed
+	// for a whole Lease (its owner's, if the record shows a longer one), is
+	// taken for a dead owner's. The owner
 	// measures the lease on its own monotonic clock from when each request
 	// left and stops trusting it a tenth of the lease early: fn's context
 	// is then cancelled (ErrLeaseLost), and its outcome is refused if

@@ -35,7 +35,12 @@ type Options struct {
 	// read the other's stored response. Run the middleware after
 	// authentication so that Scope can see who is calling. It sees the
 	// request with its whole body, read already (within MaxRequestBody),
-	// for a scope that needs it, such as a signed webhook's sender. An
+	// for a scope that needs it, such as a signed webhook's sender.
+	//
+	// A request that carries no credentials (a client that forgot its
+	// account header) is the client's mistake: Scope says so by returning
+	// ErrNoCredentials, or an error that wraps it, and the request is
+	// answered 401 with a problem detail, its handler not run. Any other
 	// error answers 500 and runs nothing, and so does an empty scope: it
 	// is what a Scope returns when authentication did not run, and would
 	// put every such caller in one scope.
@@ -314,12 +319,17 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			if !g.emptyScopeSeen.Swap(true) {
 				// A server bug, not the client's: said loudly once, then
 				// at Debug, so that no client can flood the log with it.
-				g.opts.Logger.Error("idemhttp: Options.Scope returned an empty scope; requests are refused with 500 (does the authentication middleware run before this one?)", "path", r.URL.Path)
+				g.opts.Logger.Error("idemhttp: Options.Scope returned an empty scope; requests are refused with 500 (does the authentication middleware run before this one? A Scope that finds no credentials returns idemhttp.ErrNoCredentials, answered 401)", "path", r.URL.Path)
 			}
 		}
 		if err != nil {
 			// A client without credentials can cause this at will: Debug.
 			g.opts.Logger.Debug("idemhttp: scope", "err", err)
+			if errors.Is(err, ErrNoCredentials) {
+				// The client's mistake, not the server's: it can mend it.
+				g.fail(w, r, http.StatusUnauthorized, "The request carries no credentials; send them and retry with the same Idempotency-Key.", 0, err)
+				return
+			}
 			g.fail(w, r, http.StatusInternalServerError, "The request's scope could not be determined.", 0, err)
 			return
 		}
@@ -481,6 +491,11 @@ func seconds(d time.Duration) int64 {
 
 // errOverQuota releases a key claimed by a scope over its quota.
 var errOverQuota = errors.New("idemhttp: the scope has made as many new keys as its quota allows")
+
+// ErrNoCredentials is what an Options.Scope returns, or wraps, when the
+// request carries no credentials to name its client by: the middleware
+// answers it 401, a client's mistake, rather than 500.
+var ErrNoCredentials = errors.New("idemhttp: the request carries no credentials")
 
 // errEmptyScope is the cause of the 500 for a Scope that returned "".
 var errEmptyScope = errors.New("idemhttp: Options.Scope returned an empty scope")

@@ -26,8 +26,10 @@ import (
 type Options struct {
 	// Scope returns the client a request acts for, such as the account an
 	// earlier auth middleware stored with c.Set, and the key is joined to
-	// it (see idemhttp.Options.Scope). Nil means one scope for every
-	// request: declare it with HTTP.Unscoped, or the middleware warns once.
+	// it (see idemhttp.Options.Scope): idemhttp.ErrNoCredentials, or an
+	// error that wraps it, answers 401; another error, or "", 500. Nil
+	// means one scope for every request: declare it with HTTP.Unscoped, or
+	// the middleware warns once.
 	Scope func(c echo.Context) (string, error)
 
 	// HTTP holds every other setting, as idemhttp.Options documents them;

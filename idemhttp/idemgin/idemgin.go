@@ -37,7 +37,9 @@ import (
 type Options struct {
 	// Scope returns the client a request acts for, such as the account an
 	// earlier auth handler stored with c.Set, and the key is joined to it
-	// (see idemhttp.Options.Scope). Nil means one scope for every request:
+	// (see idemhttp.Options.Scope): idemhttp.ErrNoCredentials, or an error
+	// that wraps it, answers 401; another error, or "", 500. Nil means one
+	// scope for every request:
 	// declare it with HTTP.Unscoped, or the middleware warns once.
 	Scope func(c *gin.Context) (string, error)
 

@@ -137,7 +137,7 @@ func TestTransportRetriesOnlyUnknownOutcomes(t *testing.T) {
 		{[]int{425, 201}, 2},
 		{[]int{429, 201}, 2},
 		{[]int{502, 503, 504, 201}, 4},
-		{[]int{503}, 4}, // MaxAttempts, then the last answer
+		{[]int{503}, 5}, // MaxAttempts (5 by default), then the last answer
 	} {
 		s := &scripted{statuses: tc.statuses}
 		srv := httptest.NewServer(s)

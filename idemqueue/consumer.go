@@ -168,7 +168,10 @@ func (c *Consumer[R]) Handle(ctx context.Context, key string, payload any, fn fu
 // HandleTx is Handle for a handler that makes its own call through the
 // Consumer's store under key: a RunOnceTx of sqlite, bolt, postgres or
 // mysql, whose writes commit with the key and its outcome (or a RunOnce). call
-// returns that call's error, which decides.
+// returns that call's error, which decides. Decision.Replayed reports that
+// a RunOnceTx call made for key, under the ctx it was given, answered with
+// the outcome an earlier delivery recorded rather than by running its fn;
+// a RunOnce's replay is not seen (Handle sees its own).
 //
 // That error may be the store's refusal or the handler's own, and both
 // may wrap the same sentinel, so a refusal is judged by the store's
@@ -189,7 +192,10 @@ func (c *Consumer[R]) HandleTx(ctx context.Context, key string, payload any, cal
 		return c.decide(ctx, key, err, fromStore)
 	}
 	// A panic or a Goexit in call is a failure: retried, as under Handle.
-	_, err := contain.Call(func() (struct{}, error) { return struct{}{}, call(ctx, key, payload) })
+	// The RunOnceTx that call makes under ctx for key notes whether it
+	// answered with an outcome recorded before, which its result does not say.
+	noted, replayed := txrun.NoteReplays(ctx, key)
+	_, err := contain.Call(func() (struct{}, error) { return struct{}{}, call(noted, key, payload) })
 	from := fromCall
 	switch {
 	case c.refusedByStore(ctx, key, payload, err):
@@ -200,7 +206,10 @@ func (c *Consumer[R]) HandleTx(ctx context.Context, key string, payload any, cal
 		// key, must not be told it was interrupted.
 		from = fromHandler
 	}
-	return c.decide(ctx, key, err, from)
+	d := c.decide(ctx, key, err, from)
+	// As under Handle: a replayed outcome that decides the message.
+	d.Replayed = replayed() && (d.Action == Ack || d.Action == Reject)
+	return d
 }
 
 // Decide turns the error of a call that ran a message's handler through

@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
@@ -97,12 +98,18 @@ func Unrecorded(fnErr, cause error) error {
 // not an execution). The caller waits under its own ctx (Do).
 func Run[R any](ctx context.Context, store *idem.Store[R], key string, payload any, tx func(ctx context.Context, fp idem.Fingerprint) (R, error, bool)) (R, error) {
 	var zero R
+	note, _ := ctx.Value(replayNoteKey{}).(*replayNote)
+	if note != nil {
+		// Not for the calls tx's work makes: theirs are not this call's answer.
+		ctx = context.WithValue(ctx, replayNoteKey{}, (*replayNote)(nil))
+	}
 	l := Of(store)
 	t, err := l.BeginLocal(ctx, key, payload)
 	if err != nil {
 		return zero, err
 	}
-	if t.Replayed() {
+	if t.Replayed() { // another call's outcome, this process's: a replay
+		note.replay(key)
 		return t.Result()
 	}
 	fp, err := l.Options().Fingerprint(payload)
@@ -113,10 +120,38 @@ func Run[R any](ctx context.Context, store *idem.Store[R], key string, payload a
 	return Do(ctx, t, func(ctx context.Context) (R, error) {
 		val, err, replayed := tx(ctx, fp)
 		if replayed { // recorded by another process or store: a replay
+			note.replay(key)
 			return l.FinishReplayed(t, val, err)
 		}
 		return val, err
 	})
+}
+
+// A replayNote is where Run tells the caller that put it in ctx
+// (NoteReplays) that its answer for key was a replay: an outcome recorded
+// before, not fn's.
+type replayNote struct {
+	key      string
+	replayed atomic.Bool // set by Run, maybe on the work's goroutine
+}
+
+type replayNoteKey struct{}
+
+func (n *replayNote) replay(key string) {
+	if n != nil && n.key == key {
+		n.replayed.Store(true)
+	}
+}
+
+// NoteReplays returns ctx carrying a note for key, and a function that
+// reports whether a Run under ctx for key answered with an outcome
+// recorded before (a replay) rather than by running its work. A Run for
+// another key, or one nested in the work of a Run, leaves the note alone.
+// It is how a caller that hands ctx to a user's RunOnceTx (a queue
+// consumer's HandleTx) learns what RunOnceTx's result does not say.
+func NoteReplays(ctx context.Context, key string) (context.Context, func() bool) {
+	n := &replayNote{key: key}
+	return context.WithValue(ctx, replayNoteKey{}, n), n.replayed.Load
 }
 
 // Answer is what a RunOnceTx returns for a key whose record stands, rec

@@ -182,6 +182,18 @@ func insertReturns(version string) bool {
 	return major > 10 || major == 10 && minor >= 5
 }
 
+// nested refuses (errNested) a call made with the ctx of a RunOnceTx's
+// fn on a pool of one connection (SetMaxOpenConns(1)): fn's transaction
+// holds that connection until fn returns, and fn's ctx does not end when
+// its caller's does, so the call would wait for it for ever. Every
+// method that sends a statement on the pool asks it first.
+func (b *Backend) nested(ctx context.Context) error {
+	if ctx.Value(inTx{}) == b.db && b.db.Stats().MaxOpenConnections == 1 {
+		return backend.Refuse(errNested)
+	}
+	return nil
+}
+
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored. A standing record that holds rec.Token is a claim of
 // this same request whose reply was lost: it is returned as won.
@@ -191,8 +203,8 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		// need not read back.
 		return backend.Record{}, false, backend.Refuse(err)
 	}
-	if ctx.Value(inTx{}) == b.db && b.db.Stats().MaxOpenConnections == 1 {
-		return backend.Record{}, false, backend.Refuse(errNested)
+	if err := b.nested(ctx); err != nil {
+		return backend.Record{}, false, err
 	}
 	key, token, us := []byte(rec.Key), []byte(rec.Token), micros(lease)
 	for {
@@ -255,6 +267,9 @@ func (b *Backend) claimOnce(ctx context.Context, q querier, key, fp, token []byt
 
 // Complete records the outcome, expiring ttl after the server's now.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	if err := b.fits(rec.Key, len(rec.Value)+len(rec.ErrMsg)); err != nil {
 		return err
 	}
@@ -289,12 +304,18 @@ func (b *Backend) oversized(err error, n int) error {
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	n, err := b.exec(ctx, b.q.release, []byte(key), []byte(token))
 	return backend.Owned(n, err, key)
 }
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	n, err := b.exec(ctx, b.q.renew, micros(lease), []byte(key), []byte(token))
 	if err == nil && n == 0 {
 		// MySQL counts the rows an UPDATE changed, not those it matched:
@@ -314,6 +335,9 @@ func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lea
 
 // Get returns key's record as the server's clock sees it.
 func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
+	if err := b.nested(ctx); err != nil {
+		return backend.Record{}, false, err
+	}
 	f, err := retried(ctx, func() (found, error) { return queryOne(ctx, b.db, b.q.get, []any{[]byte(key)}) })
 	if err != nil || !f.ok || f.expired {
 		return backend.Record{}, false, err
@@ -327,6 +351,9 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 // transaction commits meanwhile, its record has another token, and Forget
 // answers idem.ErrInProgress rather than delete the outcome just recorded.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	k := []byte(key)
 	// The record as last committed, by a plain read, which waits for no
 	// lock: what the operator asked to forget.
@@ -392,6 +419,9 @@ func inFlight(key string, err error) error {
 // COMMITTED transaction, which locks the rows it deletes and not the gaps
 // beside them, where claims insert.
 func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
+	if err := b.nested(ctx); err != nil {
+		return 0, err
+	}
 	if limit <= 0 {
 		return 0, nil
 	}
@@ -488,6 +518,9 @@ func instant(us sql.NullInt64) time.Time {
 // may use the pool, however small, and a listing of millions holds no
 // snapshot open.
 func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	return paging.Each(ctx, b.page, fn)
 }
 

@@ -16,6 +16,9 @@ var _ backend.Stepper = (*Backend)(nil)
 // server's now; now is ignored. The steps are one encoded value, so it
 // reads them under a row lock and writes them back in one transaction.
 func (b *Backend) RecordStep(ctx context.Context, key, token string, step backend.Step, _ time.Time) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	_, err := retried(ctx, func() (struct{}, error) { return struct{}{}, b.recordStep(ctx, key, token, step) })
 	return err
 }
@@ -57,6 +60,9 @@ func (b *Backend) recordStep(ctx context.Context, key, token string, step backen
 // by the server's clock and giving it a lease after the server's now; now
 // is ignored.
 func (b *Backend) Resume(ctx context.Context, key, old, token string, _ time.Time, lease time.Duration) (backend.Record, error) {
+	if err := b.nested(ctx); err != nil {
+		return backend.Record{}, err
+	}
 	n, err := b.exec(ctx, b.q.resume, []byte(token), micros(lease), []byte(key), []byte(old))
 	if err != nil {
 		return backend.Record{}, err

@@ -61,10 +61,11 @@ import (
 // lapsed already, so the key reads as interrupted (idem.ErrOutcomeUnknown
 // until Resolve or Forget settles it), never as claimed for ever, and the
 // call fails. A RunOnceTx called with fn's ctx on the same *sql.DB is
-// refused (backend.ErrRefused), and so is a claim (RunOnce, Begin) made
-// with it on a pool of one connection (SetMaxOpenConns(1)), which fn's
-// transaction holds; other calls with fn's ctx on such a pool wait for
-// that connection.
+// refused (backend.ErrRefused), and so is every call of the Backend
+// (a claim, Forget, Resolve, a listing) made with it on a pool of one
+// connection (SetMaxOpenConns(1)), which fn's transaction holds: it would
+// wait for that connection for ever, fn's ctx not ending with its
+// caller's.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *sql.Tx) (R, error)) (R, error) {
 	var zero R
 	if store == nil {
@@ -146,7 +147,7 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	}
 	defer sess.rollback(tx) // a no-op once committed
 	if rec.rec.Token == claim.Token {
-		val, err := runTx(context.WithValue(ctx, inTx{}, b.db), store, b, sess, tx, claim, start, fn)
+		val, err := runTx(ctx, store, b, sess, tx, claim, start, fn)
 		return val, err, false
 	}
 	return txrun.Answer(store, rec.rec, fp)
@@ -196,8 +197,11 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *s
 		return val, &idem.BackendError{Op: "claim", Err: err}
 	}
 	// A panic in fn goes up to Ticket.Do, which reports it; the deferred
-	// rollback takes the key and fn's writes away, as for an error.
-	val, err = fn(ctx, tx)
+	// rollback takes the key and fn's writes away, as for an error. fn's
+	// ctx is marked as holding a connection of b.db (Backend.nested);
+	// this function's own statements after it, settling a lost COMMIT
+	// reply on a pool of one included, are not fn's.
+	val, err = fn(context.WithValue(ctx, inTx{}, b.db), tx)
 	if err != nil && !idem.IsFinal(err) {
 		return val, err
 	}

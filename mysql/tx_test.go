@@ -171,3 +171,41 @@ func TestRunOnceTxNested(t *testing.T) {
 	require.NoError(t, err)
 	assert.NoError(t, plain, "on a larger pool a plain call inside fn works")
 }
+
+// Any other call of a store made with fn's ctx on a pool of one
+// connection, which fn's transaction holds, is refused at once too: a
+// Forget, a Resolve, a Sweep or a listing inside fn waited for that
+// connection until its ctx ended, for ever without a deadline (fn waits
+// for the call, the call for fn's connection).
+func TestRunOnceTxNestedCallsOnPoolOfOneAreRefused(t *testing.T) {
+	db := testDB(t)
+	db.SetMaxOpenConns(1)
+	b, _ := testBackend(t, db)
+	s := idem.New[int](idem.Options{Backend: b})
+	defer s.Close()
+	calls := map[string]func(context.Context) error{
+		"Forget":  func(ctx context.Context) error { return s.Forget(ctx, "other") },
+		"Resolve": func(ctx context.Context) error { return s.Resolve(ctx, "other", 1, nil) },
+		"Sweep":   func(ctx context.Context) error { _, err := s.Sweep(ctx); return err },
+		"Records": func(ctx context.Context) error {
+			for _, err := range s.Records(ctx) {
+				return err
+			}
+			return nil
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			var nested error
+			_, err := RunOnceTx(ctx, s, "outer-"+name, "p", func(ctx context.Context, tx *sql.Tx) (int, error) {
+				nested = call(ctx)
+				return 5, nil
+			})
+			require.NoError(t, err)
+			assert.ErrorIs(t, nested, errNested)
+			assert.NoError(t, ctx.Err(), "refused at once, not at the deadline")
+		})
+	}
+}

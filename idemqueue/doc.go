@@ -82,6 +82,13 @@
 //
 // Local effects exactly once: a handler whose writes go to the same
 // database as the key (sqlite.RunOnceTx, bolt.RunOnceTx,
-// postgres.RunOnceTx) commits them with its outcome, so a kill at any
-// moment leaves neither; Consumer.HandleTx runs such a call and decides.
+// postgres.RunOnceTx, mysql.RunOnceTx) commits them with its outcome, so
+// a kill at any moment leaves neither. NewTx makes a TxConsumer whose
+// handler is given the backend's own transaction, typed, and refuses a
+// store on another backend when it is made; Consumer.HandleTx runs such
+// a call written by hand. Both report a replay (Decision.Replayed). The
+// adapters' NewTx build on it, from a store to a worker in one call:
+//
+//	c, err := idemnats.NewTx(store, sqlite.RunOnceTx[Receipt], idemnats.Options{})
+//	d, err := c.Handle(ctx, msg, func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) (Receipt, error) { ... })
 package idemqueue

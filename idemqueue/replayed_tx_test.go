@@ -30,6 +30,7 @@ type txBackend struct {
 	name  string
 	store func(t *testing.T) *idem.Store[string]
 	run   func(ctx context.Context, s *idem.Store[string], key string, payload any, fn func(context.Context) (string, error)) (string, error)
+	newTx func(s *idem.Store[string]) error // idemqueue.NewTx with the backend's RunOnceTx
 }
 
 // testTable is a table name of the test's own.
@@ -58,6 +59,10 @@ var txBackends = []txBackend{
 		run: func(ctx context.Context, s *idem.Store[string], key string, payload any, fn func(context.Context) (string, error)) (string, error) {
 			return bolt.RunOnceTx(ctx, s, key, payload, func(ctx context.Context, _ *bbolt.Tx) (string, error) { return fn(ctx) })
 		},
+		newTx: func(s *idem.Store[string]) error {
+			_, err := idemqueue.NewTx(s, bolt.RunOnceTx[string], idemqueue.Options{})
+			return err
+		},
 	},
 	{
 		name: "sqlite",
@@ -71,6 +76,10 @@ var txBackends = []txBackend{
 		},
 		run: func(ctx context.Context, s *idem.Store[string], key string, payload any, fn func(context.Context) (string, error)) (string, error) {
 			return sqlite.RunOnceTx(ctx, s, key, payload, func(ctx context.Context, _ *sql.Tx) (string, error) { return fn(ctx) })
+		},
+		newTx: func(s *idem.Store[string]) error {
+			_, err := idemqueue.NewTx(s, sqlite.RunOnceTx[string], idemqueue.Options{})
+			return err
 		},
 	},
 	{
@@ -88,6 +97,10 @@ var txBackends = []txBackend{
 		run: func(ctx context.Context, s *idem.Store[string], key string, payload any, fn func(context.Context) (string, error)) (string, error) {
 			return postgres.RunOnceTx(ctx, s, key, payload, func(ctx context.Context, _ pgx.Tx) (string, error) { return fn(ctx) })
 		},
+		newTx: func(s *idem.Store[string]) error {
+			_, err := idemqueue.NewTx(s, postgres.RunOnceTx[string], idemqueue.Options{})
+			return err
+		},
 	},
 	{
 		name: "mysql",
@@ -103,6 +116,10 @@ var txBackends = []txBackend{
 		},
 		run: func(ctx context.Context, s *idem.Store[string], key string, payload any, fn func(context.Context) (string, error)) (string, error) {
 			return mysql.RunOnceTx(ctx, s, key, payload, func(ctx context.Context, _ *sql.Tx) (string, error) { return fn(ctx) })
+		},
+		newTx: func(s *idem.Store[string]) error {
+			_, err := idemqueue.NewTx(s, mysql.RunOnceTx[string], idemqueue.Options{})
+			return err
 		},
 	},
 }
@@ -148,6 +165,16 @@ func TestHandleTxReportsReplays(t *testing.T) {
 			assert.Equal(t, idemqueue.Retry, d.Action)
 			assert.False(t, d.Replayed, "a failure is not recorded, so never replayed")
 			assert.Equal(t, 3, ran)
+		})
+	}
+}
+
+// NewTx takes a store with the backend of its RunOnceTx, on every
+// backend that has one.
+func TestNewTxTakesEveryBackend(t *testing.T) {
+	for _, be := range txBackends {
+		t.Run(be.name, func(t *testing.T) {
+			assert.NoError(t, be.newTx(be.store(t)))
 		})
 	}
 }

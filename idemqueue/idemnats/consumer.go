@@ -41,6 +41,10 @@ type Options struct {
 	// InProgress. Zero means 5 s, a sixth of JetStream's default AckWait;
 	// set it below the consumer's AckWait. Negative means never.
 	ProgressInterval time.Duration
+
+	// Consumer configures the idemqueue.Consumer that NewTx makes (its
+	// delays, BusyWait, Reconcile). New, given a Consumer, ignores it.
+	Consumer idemqueue.Options
 }
 
 // A Consumer handles JetStream messages through an idemqueue.Consumer and

@@ -44,4 +44,11 @@
 // sqlite, postgres and redis it is in progress until the dead claim's
 // lease lapses (a retry after idemqueue.Options.BusyDelay), and then
 // interrupted. Neither loops hot nor dead-letters the message.
+//
+// A handler whose writes go to the store's own database (bolt, sqlite,
+// postgres, mysql) commits them with the message's key and its outcome:
+// NewTx, given the store and its backend's RunOnceTx, makes a TxConsumer
+// whose handler gets the message and that transaction, typed
+// (func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) for sqlite), and
+// refuses a store on another backend when it is made.
 package idemnats

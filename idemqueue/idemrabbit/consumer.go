@@ -49,6 +49,10 @@ type Options struct {
 	// Report, if not nil, is told of each delivery's decision and of the
 	// error settling it, if any. It runs on the handler's goroutine.
 	Report func(amqp.Delivery, idemqueue.Decision, error)
+
+	// Consumer configures the idemqueue.Consumer that NewTx makes (its
+	// delays, BusyWait, Reconcile). New, given a Consumer, ignores it.
+	Consumer idemqueue.Options
 }
 
 // A Consumer consumes a RabbitMQ queue through an idemqueue.Consumer.

@@ -347,10 +347,19 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 // kept at its recovery point, its steps recorded, for the next call to
 // resume; its lease is then made to lapse now, so that call need not wait
 // it out (if that fails, it lapses on its own). The claim's renewals must
-// have ended.
+// have ended; one already in flight may yet land after the lapse and give
+// the claim back a lease that nobody renews, for the next call to wait
+// out and then watch: the claim is made to lapse again in the background
+// once any such call has ended (each is bounded by a quarter of the lease,
+// lease.fire).
 func (s *Store[R]) letGo(ctx context.Context, claim backend.Record, op *operation) error {
 	if s.opts.Resume && (len(claim.Steps) > 0 || op.hasSteps()) {
 		s.lapse(ctx, claim)
+		s.startBackground(func() {
+			if pause(s.closing.Done(), renewEvery(s.opts.Lease)+time.Millisecond) {
+				s.lapse(s.closing, claim) // refused if the key was resumed meanwhile: another token
+			}
+		})
 		return nil
 	}
 	return s.releaseOrLater(ctx, claim.Key, claim.Token)

@@ -349,17 +349,15 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 // it out (if that fails, it lapses on its own). The claim's renewals must
 // have ended; one already in flight may yet land after the lapse and give
 // the claim back a lease that nobody renews, for the next call to wait
-// out and then watch: the claim is made to lapse again in the background
-// once any such call has ended (each is bounded by a quarter of the lease,
-// lease.fire).
+// out and then watch: once any such call has ended (each is bounded by a
+// quarter of the lease, lease.fire), a claim found pending again under its
+// token is made to lapse again, in the background. (Only then: on a
+// shared backend, whose lapse is no mark, another lapse would restart the
+// watch of the next call.)
 func (s *Store[R]) letGo(ctx context.Context, claim backend.Record, op *operation) error {
 	if s.opts.Resume && (len(claim.Steps) > 0 || op.hasSteps()) {
 		s.lapse(ctx, claim)
-		s.startBackground(func() {
-			if pause(s.closing.Done(), renewEvery(s.opts.Lease)+time.Millisecond) {
-				s.lapse(s.closing, claim) // refused if the key was resumed meanwhile: another token
-			}
-		})
+		s.startBackground(func() { s.lapseAgain(claim) })
 		return nil
 	}
 	return s.releaseOrLater(ctx, claim.Key, claim.Token)
@@ -399,6 +397,19 @@ func (s *Store[R]) tryLapse(ctx context.Context, claim backend.Record, again boo
 	defer cancel()
 	_ = s.b.Renew(ctx, claim.Key, claim.Token, lapsedAt, time.Nanosecond)
 	returned = true
+}
+
+// lapseAgain is letGo's second lapse of claim, if a late renewal revived it.
+func (s *Store[R]) lapseAgain(claim backend.Record) {
+	if !pause(s.closing.Done(), renewEvery(s.opts.Lease)+time.Millisecond) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.closing, s.opts.SettleTimeout)
+	defer cancel()
+	rec, ok, err := s.b.Get(ctx, claim.Key, s.opts.Now())
+	if err == nil && ok && rec.Token == claim.Token && rec.State == backend.StatePending {
+		s.lapse(s.closing, claim)
+	}
 }
 
 // lapsedAt is the instant a lapsed lease is given: the first second of

@@ -40,7 +40,9 @@ type Options struct {
 	// A request that carries no credentials (a client that forgot its
 	// account header) is the client's mistake: Scope says so by returning
 	// ErrNoCredentials, or an error that wraps it, and the request is
-	// answered 401 with a problem detail, its handler not run. Any other
+	// answered 401 with a problem detail, its handler not run (a
+	// WriteError may add the WWW-Authenticate challenge of the service's
+	// authentication, which the middleware does not know). Any other
 	// error answers 500 and runs nothing, and so does an empty scope: it
 	// is what a Scope returns when authentication did not run, and would
 	// put every such caller in one scope.

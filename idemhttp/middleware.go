@@ -135,7 +135,7 @@ type Options struct {
 	FailOpen bool
 
 	// WriteError answers a request the middleware refuses or cannot serve
-	// (400, 409, 413, 422, 500, 503), so that a service can answer in its
+	// (400, 401, 409, 413, 422, 500, 503), so that a service can answer in its
 	// own error format. The middleware has already set Retry-After where it
 	// applies. Nil means an RFC 9457 application/problem+json body.
 	WriteError func(w http.ResponseWriter, r *http.Request, p Problem)

@@ -356,10 +356,14 @@ func TestLapsedLeaseIsInterrupted(t *testing.T) {
 	clock.Advance(time.Minute)
 
 	calls, fn := countingFn(order{5, 5})
-	s := durableStore(t, b, idem.Options{Now: clock.Now})
+	// A store watches a lapsed claim for a whole Lease of its own, on its
+	// own monotonic clock, before it takes it for a dead owner's: a short
+	// one keeps the wait short (the default would be 30 s a store).
+	const lease = time.Second
+	s := durableStore(t, b, idem.Options{Now: clock.Now, Lease: lease})
 	_, err = s.RunOnce(ctx, "k", "p", fn)
 	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	retrying := durableStore(t, b, idem.Options{Now: clock.Now, RetryInterrupted: true})
+	retrying := durableStore(t, b, idem.Options{Now: clock.Now, RetryInterrupted: true, Lease: lease})
 	v, err := retrying.RunOnce(ctx, "k", "p", fn)
 	require.NoError(t, err)
 	assert.Equal(t, order{5, 5}, v)

@@ -44,7 +44,9 @@ func TestDatabaseClosedMidRun(t *testing.T) {
 	require.NoError(t, err)
 	b, table := testBackend(t, own)
 	var un idemtest.Unrecorded
-	s := idem.New[int](idem.Options{Observer: un.Observer(), Backend: b})
+	// A short SettleTimeout: the store tries to record the outcome on a
+	// closed pool for that long before it tells the Observer (10 s unless told).
+	s := idem.New[int](idem.Options{Observer: un.Observer(), Backend: b, SettleTimeout: time.Second})
 	defer s.Close()
 	_, err = s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) {
 		own.Close() // the database goes away while fn runs

@@ -34,7 +34,9 @@ func TestRedisClosedMidRun(t *testing.T) {
 	b := testBackend(t, shared)
 	own := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{svctest.Redis(t)}})
 	var un idemtest.Unrecorded
-	s := idem.New[int](idem.Options{Observer: un.Observer(), Backend: New(own, Options{Prefix: b.prefix})})
+	// A short SettleTimeout: the store tries to record the outcome on a
+	// closed client for that long before it tells the Observer (10 s unless told).
+	s := idem.New[int](idem.Options{Observer: un.Observer(), Backend: New(own, Options{Prefix: b.prefix}), SettleTimeout: time.Second})
 	defer s.Close()
 	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) {
 		own.Close() // Redis goes away while fn runs

@@ -269,7 +269,7 @@ func TestBackendListsAgreeWithTheCode(t *testing.T) {
 	names(t, "backend.Lister", goDoc(t, "backend/backend.go", "Lister"), listers, backends)
 	names(t, "internal/txrun's package doc", goDoc(t, "internal/txrun/txrun.go", "package"), tx, backends)
 
-	names(t, "README.md's RunOnceTx for queue handlers", readmePart(t, "`HandleTx` and `RunTx` are for a handler"), tx, tx)
+	names(t, "README.md's RunOnceTx for queue handlers", readmePart(t, "commits its writes with the key ("), tx, tx)
 	names(t, "idemqueue.Consumer.HandleTx", part(t, "idemqueue", methodDoc(t, "idemqueue/consumer.go", "HandleTx"), "RunOnceTx of"), tx, backends)
 	names(t, "idemqueue.Consumer.Decide", part(t, "idemqueue", methodDoc(t, "idemqueue/consumer.go", "Decide"), "RunOnceTx of"), tx, backends)
 	names(t, "idemrabbit's RunTx", part(t, "idemrabbit", methodDoc(t, "idemqueue/idemrabbit/run.go", "RunTx"), "RunOnceTx of"), tx, backends)

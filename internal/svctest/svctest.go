@@ -23,9 +23,10 @@
 // services and .ci/run set it) it fails instead, since a skipped test
 // there would pass without having run.
 //
-// The long explorations (model budgets, kill loops, big files, full
-// sweeps) run in full only with IDEM_LONG true (.ci/run sets it); the
-// default run keeps a short version of each (Long, SkipUnlessLong).
+// The long explorations (idemtest.RunModel's budget, internal/multiproc's
+// kill loop, internal/resume's kill points) run in full only with
+// IDEM_LONG true (.ci/run sets it); the default run keeps a short version
+// of each (Long, SkipUnlessLong).
 package svctest
 
 import (

@@ -287,6 +287,18 @@ func micros(d time.Duration) int64 {
 	return n
 }
 
+// nested refuses (errNested) a call made with the ctx of a RunOnceTx's
+// fn on a pool of one connection (MaxConns 1): fn's transaction holds
+// that connection until fn returns, and fn's ctx does not end with its
+// caller's, so the call would wait for it for ever. Every method that
+// sends a statement on the pool asks it first.
+func (b *Backend) nested(ctx context.Context) error {
+	if ctx.Value(inTx{}) == b.pool && b.pool.Config().MaxConns <= 1 {
+		return backend.Refuse(errNested)
+	}
+	return nil
+}
+
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored. The claim's sweep_at, which the sweep's index holds, is
 // its instant plus the TTL of the last Complete (see learn): Complete then
@@ -297,8 +309,8 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		// need not read back.
 		return backend.Record{}, false, backend.Refuse(err)
 	}
-	if ctx.Value(inTx{}) == b.pool && b.pool.Config().MaxConns <= 1 {
-		return backend.Record{}, false, backend.Refuse(errNested)
+	if err := b.nested(ctx); err != nil {
+		return backend.Record{}, false, err
 	}
 	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease), b.ttl.Load()}
 	// A claim that waits on the row of a transaction still open (a
@@ -361,24 +373,36 @@ func (b *Backend) learn(ttl time.Duration) {
 
 // Complete records the outcome, expiring ttl after the server's now.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	b.learn(ttl)
 	tag, err := b.exec(ctx, b.q.complete, rec.Key, rec.Token, micros(ttl), rec.Value, rec.Failed, rec.ErrMsg)
 	return backend.Owned(tag.RowsAffected(), err, rec.Key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	tag, err := b.exec(ctx, b.q.release, key, token)
 	return backend.Owned(tag.RowsAffected(), err, key)
 }
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	tag, err := b.exec(ctx, b.q.renew, key, token, micros(lease))
 	return backend.Owned(tag.RowsAffected(), err, key)
 }
 
 // Get returns key's record as the server's clock sees it.
 func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
+	if err := b.nested(ctx); err != nil {
+		return backend.Record{}, false, err
+	}
 	return b.queryOne(ctx, b.q.get, []any{key})
 }
 
@@ -387,6 +411,9 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 // record) is refused with an error matching idem.ErrInProgress if the
 // server's statement_timeout or lock_timeout cuts the wait for it short.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	tag, err := b.exec(ctx, b.q.forget, key)
 	if waitedOut(ctx, err) {
 		return fmt.Errorf("%w: key %q is held by a transaction still open (%w)", idem.ErrInProgress, key, err)
@@ -412,6 +439,9 @@ const reaimRounds = 8
 
 // Sweep judges expiry by the server's clock.
 func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error) {
+	if err := b.nested(ctx); err != nil {
+		return 0, err
+	}
 	if limit <= 0 {
 		return 0, nil // PostgreSQL refuses a negative LIMIT
 	}
@@ -482,6 +512,9 @@ func scanNext(rows pgx.Rows, extra ...any) (backend.Record, bool, error) {
 // ended, and calls fn once the page's rows are closed: fn may use the
 // pool, however small, and a listing of millions holds no snapshot open.
 func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	return paging.Each(ctx, b.page, fn)
 }
 

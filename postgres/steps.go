@@ -16,6 +16,9 @@ var _ backend.Stepper = (*Backend)(nil)
 // server's now; now is ignored. The steps are one encoded value, so it
 // reads them under a row lock and writes them back in one transaction.
 func (b *Backend) RecordStep(ctx context.Context, key, token string, step backend.Step, _ time.Time) error {
+	if err := b.nested(ctx); err != nil {
+		return err
+	}
 	// Read committed, whatever the server's default: a row that another
 	// transaction changed while this one waited for its lock is judged
 	// anew, not failed as a serialization conflict.
@@ -42,6 +45,9 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 // by the server's clock and giving it a lease after the server's now; now
 // is ignored.
 func (b *Backend) Resume(ctx context.Context, key, old, token string, _ time.Time, lease time.Duration) (backend.Record, error) {
+	if err := b.nested(ctx); err != nil {
+		return backend.Record{}, err
+	}
 	rec, found, err := b.queryOne(ctx, b.q.resume, []any{key, old, token, micros(lease)})
 	if err == nil && !found {
 		err = fmt.Errorf("%w: key %q is not interrupted under this token", backend.ErrNotOwner, key)

@@ -45,9 +45,10 @@ import (
 // its writes with a claim whose lease has lapsed, so the key reads as
 // interrupted (idem.ErrOutcomeUnknown until Resolve or Forget settles it),
 // never as claimed for ever. A RunOnceTx called with fn's ctx on the same
-// pool is refused (backend.ErrRefused), and so is a claim (RunOnce, Begin)
-// made with it on a pool of one connection, which fn's transaction holds;
-// other calls with fn's ctx on such a pool wait for that connection.
+// pool is refused (backend.ErrRefused), and so is every call of the
+// Backend (a claim, Forget, Resolve, a listing) made with it on a pool of
+// one connection, which fn's transaction holds: it would wait for that
+// connection for ever, fn's ctx not ending with its caller's.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx pgx.Tx) (R, error)) (R, error) {
 	var zero R
 	if store == nil {

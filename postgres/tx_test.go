@@ -13,6 +13,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/seed094d4201/idem/internal/txrun"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -176,4 +177,47 @@ func TestRunOnceTxSessionClock(t *testing.T) {
 			})
 		},
 	})
+}
+
+// Any other call of a store made with fn's ctx on a pool of one
+// connection, which fn's transaction holds, is refused at once too: a
+// Forget, a Resolve, a Sweep or a listing inside fn waited for that
+// connection for ever (fn's ctx does not end with its caller's: fn waits
+// for the call, the call for fn's connection).
+func TestRunOnceTxNestedCallsOnPoolOfOneAreRefused(t *testing.T) {
+	testPool(t) // or skip
+	cfg, err := pgxpool.ParseConfig(svctest.Postgres(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b, _ := testBackend(t, pool)
+	s := idem.New[int](idem.Options{Backend: b})
+	defer s.Close()
+	calls := map[string]func(context.Context) error{
+		"Forget":  func(ctx context.Context) error { return s.Forget(ctx, "other") },
+		"Resolve": func(ctx context.Context) error { return s.Resolve(ctx, "other", 1, nil) },
+		"Sweep":   func(ctx context.Context) error { _, err := s.Sweep(ctx); return err },
+		"Records": func(ctx context.Context) error {
+			for _, err := range s.Records(ctx) {
+				return err
+			}
+			return nil
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			var nested error
+			_, err := RunOnceTx(ctx, s, "outer-"+name, "p", func(ctx context.Context, tx pgx.Tx) (int, error) {
+				nested = call(ctx)
+				return 5, nil
+			})
+			require.NoError(t, err)
+			assert.ErrorIs(t, nested, errNested)
+			assert.NoError(t, ctx.Err(), "refused at once, not at the deadline")
+		})
+	}
 }

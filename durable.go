@@ -317,7 +317,18 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 	rerr := s.encode(&done, val, err) // the Codec: the user's code
 	encoded := rerr == nil
 	if encoded {
-		rerr = s.complete(record, done) // the Backend, which may Goexit too: t keeps the lease till then
+		// A Backend that ends the goroutine (runtime.Goexit) in the write
+		// leaves the outcome's fate unknown: it goes on being recorded in
+		// the background, its claim's lease renewed till then, as an
+		// outcome the Backend failed to take is. (Held in memory instead
+		// for as long as the store lives, it stayed unrecorded, and other
+		// processes waited on its claim for as long.) finish then settles
+		// the entry unpinned: callers here read the Backend, which holds
+		// the claim until the outcome is recorded.
+		returned := false
+		defer exiting(&returned, func() { s.completeLater(done, t.e, t.takeLease()) })
+		rerr = s.complete(record, done)
+		returned = true
 	}
 	stopLease := t.takeLease()
 	if rerr == nil {

@@ -20,8 +20,10 @@ import (
 //     is: read back and compared by token);
 //   - a runtime.Goexit cannot be stopped: the site learns of it through
 //     exiting (or guard's exited) and leaves the key consistent (a claim of
-//     unknown fate released in the background, an outcome pinned), and a
-//     loop of the store's own starts again on a fresh goroutine.
+//     unknown fate released in the background, an outcome whose write
+//     ended recorded in the background, one the Codec or Observer cut
+//     short pinned), and a loop of the store's own starts again on a
+//     fresh goroutine.
 
 // guard is deferred directly around a call into foreign code, with
 // *returned set true just after the call returns. A panic's value goes to

@@ -291,12 +291,13 @@ func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) 
 
 // finishExited settles t after finish's goroutine ended before the key
 // was settled. With t's lease not yet taken by finishDurable, that was the
-// user's code (the Observer's "idem.record" span, the Codec) or the
-// Backend's Complete: a final outcome is kept in memory as one the Backend
-// could not record, its claim held for as long as the store lives (a
-// renewal that finds it recorded after all ends that); anything else lets
-// the claim go, as a failure before commit does. Otherwise (no Backend, or
-// the Backend's Release) the entry is settled as the work ended.
+// user's code (the Observer's "idem.record" span, the Codec): a final
+// outcome is kept in memory as one the Backend could not record, its claim
+// held for as long as the store lives (a renewal that finds it recorded
+// after all ends that); anything else lets the claim go, as a failure
+// before commit does. Otherwise (no Backend, the Backend's Release, or its
+// Complete, whose outcome finishDurable goes on recording in the
+// background) the entry is settled as the work ended.
 func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
 	stopLease := t.takeLease()
 	switch {

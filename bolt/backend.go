@@ -243,8 +243,17 @@ func openCheckedOnce(path string, o Options) (db *bbolt.DB, file *os.File, g *gu
 			return fail(fmt.Errorf("bolt: %s: %w", path, err))
 		}
 	}
-	if !checked && m.pgid != 0 { // a new file's pages are all bbolt's
-		g = newGuard(file, uint64(db.Info().PageSize), m.pgid)
+	if m.pgid != 0 { // a new file's pages are all bbolt's
+		// Even a file checked whole gets a guard: bbolt has been seen to
+		// make, by its own writes over a damaged page the check let
+		// through, a tree that its cursor goes round for ever. Its pages
+		// need no second check, only the guard's walk (its depth, the
+		// order and ranges of keys).
+		unchecked := m.pgid
+		if checked {
+			unchecked = 0
+		}
+		g = newGuard(file, uint64(db.Info().PageSize), unchecked)
 	}
 	return db, file, g, false, nil
 }

@@ -12,20 +12,23 @@ import (
 	bbolt "go.etcd.io/bbolt"
 )
 
-// A guard reads ahead of bbolt in a file whose pages Open did not all
-// check (a clean stop's file, or one opened with CheckNever): before bbolt
-// searches one of idem's buckets for a key, the guard reads from the file
-// the pages that search will read, as bbolt's cursor chooses them, and
-// checks each (treePage.check, and idem's own rules for its buckets). A
+// A guard reads ahead of bbolt in a file that Open found on disk: before
+// bbolt searches one of idem's buckets for a key, the guard reads from the
+// file the pages that search will read, as bbolt's cursor chooses them,
+// and checks each (treePage.check, and idem's own rules for its buckets,
+// for a page Open did not check: after a clean stop, or with CheckNever),
+// and the walk itself (its depth, the order and ranges of keys). A
 // damaged page is then ErrCorrupt, where bbolt would loop on a cycle,
 // recurse until the stack overflows, follow a child id from past the
-// page's end, or copy the gigabytes a damaged size claims.
+// page's end, or copy the gigabytes a damaged size claims. Sweeps and
+// listings walk with the guard's cursor, never bbolt's.
 //
 // Each search reads its pages again (a few, one a level of the tree), to
 // find the way bbolt will go; it checks a page only once in a session.
 // A page once checked stays sound: bbolt writes a page id again only after
 // freeing it, and what it writes is sound, made from pages that were
-// checked; so is every page at or past the file's end at Open.
+// checked; so is every page at or past the file's end at Open, or, when
+// Open checked the whole file, every page.
 type guard struct {
 	r        io.ReaderAt // the file bbolt holds
 	path     string      // its name, for errors
@@ -66,7 +69,7 @@ func (g *guard) setSound(id uint64) {
 
 // A bucket is one of idem's buckets in a transaction. Its methods call
 // bbolt's once the guard, if any, has checked the pages they read; a nil
-// guard means Open checked the whole file, and bbolt's pages are trusted.
+// guard means a new file, all of whose pages bbolt wrote.
 type bucket struct {
 	b    *bbolt.Bucket
 	name []byte
@@ -120,7 +123,7 @@ func (x *bucket) Delete(key []byte) error {
 // search checks the pages bbolt's search for key reads.
 func (x *bucket) search(key []byte, neighbours bool) error {
 	switch {
-	case x.g == nil || x.b.RootPage() == 0: // checked whole, or an inline bucket: part of the root bucket's page
+	case x.g == nil || x.b.RootPage() == 0: // a new file, or an inline bucket: part of the root bucket's page
 		return nil
 	case !neighbours && x.searched != nil && bytes.Equal(key, x.searched):
 		return nil

@@ -39,11 +39,11 @@ type Options struct {
 	// 1.3 s per GB warm: bench/README.md), so its cost grows with the
 	// file. Whatever Check says, Open checks the meta pages and the pages
 	// it reads itself (the root, meta and pending buckets, the freelist's
-	// bounds); and when it did not check the whole file, each call then
-	// checks, from the file, the pages of idem's buckets that bbolt is
-	// about to read for it (a few a call, one a level of the tree), so
-	// that damage it meets is ErrCorrupt, never a hang, a crash or a file
-	// that grows without bound. What a fn given a *bbolt.Tx (RunOnceTx,
+	// bounds); then each call reads, from the file, the pages of idem's
+	// buckets that bbolt is about to read for it (a few a call, one a
+	// level of the tree), checks those Open did not, and walks them
+	// itself, so that damage it meets is ErrCorrupt, never a hang, a crash
+	// or a file that grows without bound. What a fn given a *bbolt.Tx (RunOnceTx,
 	// Update, View) reads through it, such as buckets of your own, bbolt
 	// reads unchecked: only the whole check looks at those pages. The
 	// zero value, CheckUnclean, checks the whole file unless this

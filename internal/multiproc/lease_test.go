@@ -21,11 +21,16 @@ import (
 
 // eachBackend runs test against a fresh postgres table, a fresh mysql
 // table and a fresh redis prefix, with pool for counting side effects, skipping those whose service
-// is not configured.
-func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend)) {
+// is not configured. With atOnce, the three run at the same time: for a
+// test that mostly waits out a lease, and asserts no bound on its own
+// timing.
+func eachBackend(t *testing.T, atOnce bool, test func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend)) {
 	pool := testPool(t)
 	for _, kind := range []string{"postgres", "mysql", "redis"} {
 		t.Run(kind, func(t *testing.T) {
+			if atOnce {
+				t.Parallel()
+			}
 			if kind == "redis" {
 				svctest.Redis(t) // or skip
 			}
@@ -53,7 +58,7 @@ func eachBackend(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, kind,
 // its own ctx, through RunOnce and Begin alike: it polls the backend, and
 // the poll ends with the ctx.
 func TestDuplicateOfAnotherProcessWaitsOnlyItsCtx(t *testing.T) {
-	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
+	eachBackend(t, false, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
 		holder := startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k")
 		defer holder.kill(t)
 		s := idem.New[int](idem.Options{Backend: b})
@@ -91,7 +96,7 @@ func TestDuplicateOfAnotherProcessWaitsOnlyItsCtx(t *testing.T) {
 // A process that dies holding a claim taken through Begin leaves it as
 // RunOnce's would: in progress while its lease holds, then interrupted.
 func TestKilledTicketOwner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
+	eachBackend(t, true, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
 		startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k", beginEnv+"=1").kill(t)
 		s := idem.New[int](idem.Options{Backend: b, Lease: holdLease}) // the holder's: stores that share a backend share one Lease
 		defer s.Close()
@@ -117,7 +122,7 @@ func TestKilledTicketOwner(t *testing.T) {
 // told the key is in progress; after, its outcome is unknown; and with
 // RetryInterrupted exactly one of many processes runs it again.
 func TestKilledOwner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
+	eachBackend(t, true, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
 		// The child says ready from inside fn, holding the claim.
 		startChild(t, childEnv+"="+kind, tableEnv+"="+name, holdEnv+"=k").kill(t)
 
@@ -166,7 +171,7 @@ func TestKilledOwner(t *testing.T) {
 // loses the key to another store, and cannot then complete over the new
 // owner's outcome.
 func TestStalledOwnerIsFenced(t *testing.T) {
-	eachBackend(t, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
+	eachBackend(t, false, func(t *testing.T, pool *pgxpool.Pool, kind, name string, b backend.Backend) {
 		ctx := context.Background()
 		stalled := idemtest.Faulty{Backend: b, Fail: func(op string) error {
 			if op == "Renew" {

@@ -239,10 +239,12 @@ func place(t *testing.T, kind string) string {
 //
 // A plain go test ./... kills once at each moment, each at another step
 // (before the first, inside the second, after the third); IDEM_LONG=1
-// kills at every moment of every step.
+// kills at every moment of every step. The backends run at the same
+// time: each case mostly waits out a dead child's lease.
 func TestKilledAtEveryStepBoundary(t *testing.T) {
 	for _, kind := range []string{"bolt", "sqlite", "postgres", "mysql", "redis"} {
 		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
 			for i := range steps {
 				for j, at := range []string{"before", "inside", "after"} {
 					if i != j && !svctest.Long() {

@@ -46,9 +46,11 @@ import (
 // disk); with modernc.org/sqlite, a commit hook then keeps whatever fn
 // writes afterwards from committing on its own, and the call fails with
 // nothing committed (with another driver, fn must return such errors). A
-// call to the Backend from inside fn, with the ctx fn is given, is refused
-// rather than left to wait for the lock fn's transaction holds; a RunOnce
-// of fn's own key waits for itself, as with RunOnce.
+// write of the Backend's from inside fn, with the ctx fn is given, is
+// refused rather than left to wait for the lock fn's transaction holds, and
+// so is a read (a Get, a listing) on a pool of one connection
+// (SetMaxOpenConns(1)), which fn's transaction holds; a RunOnce of fn's
+// own key waits for itself, as with RunOnce.
 func RunOnceTx[R any](ctx context.Context, store *idem.Store[R], key string, payload any, fn func(ctx context.Context, tx *sql.Tx) (R, error)) (R, error) {
 	var zero R
 	if store == nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/seed094d4201/idem/internal/txtest"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -61,4 +62,44 @@ func TestRunOnceTxSessionClock(t *testing.T) {
 			})
 		},
 	})
+}
+
+// Any call of a store made with fn's ctx on a pool of one connection
+// (db.SetMaxOpenConns(1)), which fn's transaction holds, is refused at
+// once: a write would wait for the write lock fn holds, and a read (a
+// listing, a Get) for the connection, for ever, fn's ctx not ending with
+// its caller's.
+func TestRunOnceTxNestedCallsOnPoolOfOneAreRefused(t *testing.T) {
+	db, _ := openTemp(t)
+	db.SetMaxOpenConns(1)
+	b, err := New(context.Background(), db, Options{})
+	require.NoError(t, err)
+	s := idem.New[int](idem.Options{Backend: b})
+	defer s.Close()
+	calls := map[string]func(context.Context) error{
+		"Forget":  func(ctx context.Context) error { return s.Forget(ctx, "other") },
+		"Resolve": func(ctx context.Context) error { return s.Resolve(ctx, "other", 1, nil) },
+		"Sweep":   func(ctx context.Context) error { _, err := s.Sweep(ctx); return err },
+		"Records": func(ctx context.Context) error {
+			for _, err := range s.Records(ctx) {
+				return err
+			}
+			return nil
+		},
+		"Get": func(ctx context.Context) error { _, _, err := b.Get(ctx, "other", time.Now()); return err },
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			var nested error
+			_, err := RunOnceTx(ctx, s, "outer-"+name, "p", func(ctx context.Context, tx *sql.Tx) (int, error) {
+				nested = call(ctx)
+				return 5, nil
+			})
+			require.NoError(t, err)
+			assert.ErrorIs(t, nested, errNested)
+			assert.NoError(t, ctx.Err(), "refused at once, not at the deadline")
+		})
+	}
 }

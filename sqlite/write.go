@@ -32,6 +32,13 @@ func (b *Backend) prepared(ctx context.Context, query string) (*sql.Stmt, error)
 
 // query runs a prepared query, in tx if it is not nil.
 func (b *Backend) query(ctx context.Context, tx *sql.Tx, query string, args ...any) (*sql.Rows, error) {
+	if tx == nil && ctx.Value(inTx{}) == b && b.db.Stats().MaxOpenConnections == 1 {
+		// A read with fn's ctx on a pool of one would wait for the
+		// connection fn's transaction holds, for ever: fn's ctx does not
+		// end with its caller's. (On a larger pool, reads go on beside
+		// fn's transaction, as WAL allows.)
+		return nil, backend.Refuse(errNested)
+	}
 	st, err := b.prepared(ctx, query)
 	if err != nil {
 		return nil, err
@@ -59,6 +66,8 @@ func (b *Backend) execIn(ctx context.Context, tx *sql.Tx, query string, args ...
 
 // errNested is returned by a Backend's writes called, with fn's ctx, from
 // inside RunOnceTx's fn: they would wait for the write lock that fn's own
+// transaction holds; and by its reads so called on a pool of one
+// connection (SetMaxOpenConns(1)), which would wait for the connection fn's
 // transaction holds.
 var errNested = errors.New("sqlite: called from inside RunOnceTx's fn, whose transaction holds the write lock: use its *sql.Tx")
 

@@ -131,7 +131,7 @@ func testLostLeaseIsFenced(c *contract) {
 	}}
 	var un Unrecorded
 	stale := c.store(idem.Options{Backend: partitioned, Lease: lease, Observer: un.Observer()})
-	// The taker watches the lapsed claim for a third of its own lease
+	// The taker watches the lapsed claim for a whole lease of its own
 	// before it takes it over: stores sharing a backend share a lease.
 	taker := c.store(idem.Options{RetryInterrupted: true, Lease: lease})
 	started := make(chan struct{})
@@ -226,7 +226,7 @@ func testCrashIsOutcomeUnknown(c *contract) {
 	ctx := context.Background()
 	c.deadClaims("dead-owner-", "crashed", "crashed-retried")
 
-	// A lapsed claim is watched for a third of the lease (the dead owners'
+	// A lapsed claim is watched for a whole lease (the dead owners'
 	// one) before it is taken for interrupted, never for longer.
 	s := c.store(idem.Options{Lease: deadLease})
 	var calls atomic.Int32

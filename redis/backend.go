@@ -135,10 +135,11 @@ var (
 // CONFIG, from INFO memory; a server that refuses both is taken not to
 // evict, and one that cannot answer now (BUSY, LOADING) fails the claim.
 // A pass holds for a minute, after which the policy is read again before
-// the next claim: a policy changed to an evicting one later, or an
-// evicting master added to a Cluster, has claims refused from then on
-// (records written before may be evicted meanwhile: the policy is the
-// operator's to keep at noeviction). Reads, Forget and
+// the next claim (if it cannot be read then, a primary unreachable for a
+// moment, the pass holds a few seconds more): a policy changed to an
+// evicting one later, or an evicting master added to a Cluster, has claims
+// refused from then on (records written before may be evicted meanwhile:
+// the policy is the operator's to keep at noeviction). Reads, Forget and
 // listings never check it: an operator's tool works on any Redis.
 func New(rdb redis.UniversalClient, opts Options) *Backend {
 	prefix := opts.Prefix

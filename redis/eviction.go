@@ -28,6 +28,12 @@ var ErrEvicting = errors.New("redis: the server may evict keys (maxmemory-policy
 // read per primary a minute costs nothing beside the claims.
 const policyRecheck = time.Minute
 
+// policyRetry is how much longer a pass holds when the policy cannot be
+// read again as it ends (a primary unreachable for a moment, as in a
+// Cluster's failover): claims go on as they did, and the policy is asked
+// for again after it, not before every claim.
+const policyRetry = 5 * time.Second
+
 // A policyCheck remembers when every primary was last found not to
 // evict, so that the policy is read only before the first claim, while it
 // fails, and once a pass is policyRecheck old.
@@ -35,6 +41,10 @@ type policyCheck struct {
 	// until is when the last pass ends, as nanoseconds on this process's
 	// monotonic clock since policyEpoch; 0 before the first pass.
 	until atomic.Int64
+	// passed: a pass was given once; a read that fails after it keeps
+	// it, rather than fail every claim on every node while one primary
+	// cannot answer.
+	passed atomic.Bool
 }
 
 // policyEpoch is the origin of policyCheck.until's monotonic readings.
@@ -46,11 +56,13 @@ func (p *policyCheck) lapse() { p.until.Store(0) }
 // check returns nil if no primary rdb writes to evicts keys, or if that
 // cannot be told (every primary refuses both CONFIG and INFO); an error
 // matching ErrEvicting (and backend.ErrRefused) if one does; or the error
-// that kept it from asking. A pass is kept for policyRecheck; a refusal
-// or an error is not, so that a claim after the operator changed the
-// policy, or once the server answers, reads it again.
+// that kept it from asking, before any pass (after one, the pass is kept
+// for policyRetry more). A pass is kept for policyRecheck; a refusal is
+// not, so that a claim after the operator changed the policy reads it
+// again.
 func (p *policyCheck) check(ctx context.Context, rdb redis.UniversalClient) error {
-	if time.Since(policyEpoch).Nanoseconds() < p.until.Load() {
+	now := time.Since(policyEpoch)
+	if now.Nanoseconds() < p.until.Load() {
 		return nil
 	}
 	var mu sync.Mutex
@@ -68,11 +80,15 @@ func (p *policyCheck) check(ctx context.Context, rdb redis.UniversalClient) erro
 		return nil
 	})
 	switch {
+	case err != nil && p.passed.Load():
+		p.until.Store((now + policyRetry).Nanoseconds())
+		return nil
 	case err != nil:
 		return backend.Refuse(fmt.Errorf("redis: reading the server's maxmemory-policy before a claim: %w", err))
 	case len(evicting) > 0:
 		return backend.Refuse(fmt.Errorf("%w: %s; set it to noeviction, or Options.AllowEviction to accept that cost", ErrEvicting, strings.Join(evicting, ", ")))
 	}
+	p.passed.Store(true)
 	p.until.Store((time.Since(policyEpoch) + policyRecheck).Nanoseconds())
 	return nil
 }

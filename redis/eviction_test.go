@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,4 +212,51 @@ func TestEvictionPolicyUnreadWhileBusyIsReadAgain(t *testing.T) {
 	_, won, err = b.Claim(ctx, backend.Record{Key: "k", Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
 	require.ErrorIs(t, err, ErrEvicting, "a claim once the server answers again")
 	assert.False(t, won)
+}
+
+// unreadablePolicy is a hook that, while on, fails CONFIG and INFO as an
+// unreachable node would, and lets every other command through.
+type unreadablePolicy struct{ on atomic.Bool }
+
+func (u *unreadablePolicy) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (u *unreadablePolicy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (u *unreadablePolicy) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); u.on.Load() && (name == "config" || name == "info") {
+			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A policy found to be noeviction that cannot be read again when its pass
+// ends (a primary unreachable for a moment, as in a Cluster's failover)
+// keeps its pass a while longer: claims go on as before the pass ended,
+// rather than every claim, on every node, failing until that primary
+// answers.
+func TestEvictionPolicyUnreadAfterAPassKeepsIt(t *testing.T) {
+	rdb := startRedis(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+	hook := new(unreadablePolicy)
+	rdb.AddHook(hook)
+	ctx := context.Background()
+	b := New(rdb, Options{})
+	claim := func(key string) error {
+		_, _, err := b.Claim(ctx, backend.Record{Key: key, Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+		return err
+	}
+	require.NoError(t, claim("first"))
+	hook.on.Store(true)
+	b.policy.lapse()
+	require.NoError(t, claim("second"), "a claim whose policy's pass ended while the policy cannot be read")
+	require.NoError(t, claim("third"))
+
+	// Once it answers again, the policy is read.
+	hook.on.Store(false)
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+	b.policy.lapse()
+	require.ErrorIs(t, claim("fourth"), ErrEvicting)
 }

@@ -94,8 +94,8 @@ func (c *Consumer[R]) Handle(ctx context.Context, msg jetstream.Msg, fn func(con
 }
 
 // HandleTx is Handle for a handler that makes its own call through the
-// Consumer's store under key: a RunOnceTx of sqlite, bolt or postgres,
-// whose writes commit with the key and its outcome. call returns that
+// Consumer's store under key: a RunOnceTx of sqlite, bolt, postgres or
+// mysql, whose writes commit with the key and its outcome. call returns that
 // call's error, which decides as idemqueue.Consumer.HandleTx says.
 func (c *Consumer[R]) HandleTx(ctx context.Context, msg jetstream.Msg, call func(ctx context.Context, key string, payload any) error) (idemqueue.Decision, error) {
 	if msg == nil || call == nil || ctx == nil {

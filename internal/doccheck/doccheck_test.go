@@ -272,6 +272,7 @@ func TestBackendListsAgreeWithTheCode(t *testing.T) {
 	names(t, "README.md's RunOnceTx for queue handlers", readmePart(t, "commits its writes with the key ("), tx, tx)
 	names(t, "idemqueue.Consumer.HandleTx", part(t, "idemqueue", methodDoc(t, "idemqueue/consumer.go", "HandleTx"), "RunOnceTx of"), tx, backends)
 	names(t, "idemqueue.Consumer.Decide", part(t, "idemqueue", methodDoc(t, "idemqueue/consumer.go", "Decide"), "RunOnceTx of"), tx, backends)
+	names(t, "idemnats's HandleTx", part(t, "idemnats", methodDoc(t, "idemqueue/idemnats/consumer.go", "HandleTx"), "RunOnceTx of"), tx, backends)
 	names(t, "idemrabbit's RunTx", part(t, "idemrabbit", methodDoc(t, "idemqueue/idemrabbit/run.go", "RunTx"), "RunOnceTx of"), tx, backends)
 
 	names(t, "README.md's list of step backends", readmePart(t, "**Backends.** Steps need"), steppers, backends)

@@ -232,3 +232,55 @@ func TestOperatorSettings(t *testing.T) {
 		})
 	}
 }
+
+// An outcome whose Complete waits on a row lock (an operator's SELECT ...
+// FOR UPDATE of the key's row, left open) past the server's limit is cut
+// short (57014 or 55P03) and sent again, as a write of unknown fate, until
+// the lock ends, in the background once the store's SettleTimeout has
+// passed: RunOnce answers the outcome, and it is recorded once the lock
+// ends. The key is not left pending, nor the outcome lost.
+func TestCompleteOutlastsAnOperatorsRowLock(t *testing.T) {
+	for _, setting := range []string{"statement_timeout", "lock_timeout"} {
+		t.Run(setting, func(t *testing.T) {
+			b, table := testBackend(t, limitedPool(t, setting))
+			operator := testPool(t)
+			s := idem.New[string](idem.Options{Backend: b, SettleTimeout: time.Second})
+			defer s.Close()
+			ctx := context.Background()
+			lock, err := operator.Begin(ctx)
+			require.NoError(t, err)
+			defer lock.Rollback(ctx)
+			type answer struct {
+				v   string
+				err error
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				v, err := s.RunOnce(ctx, "k", nil, func(context.Context) (string, error) {
+					_, err := lock.Exec(ctx, "SELECT 1 FROM "+table+" WHERE key = 'k' FOR UPDATE")
+					return "v", err
+				})
+				answered <- answer{v, err}
+			}()
+			// Until the Complete has been cut short and sent again: two
+			// starts of it seen waiting on the lock.
+			var starts []time.Time
+			for len(starts) < 2 {
+				var start time.Time
+				err := operator.QueryRow(ctx, `SELECT query_start FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE %' AND query LIKE '%'||$1||'%SET state = 2%'`, table).Scan(&start)
+				if err == nil && (len(starts) == 0 || !start.Equal(starts[len(starts)-1])) {
+					starts = append(starts, start)
+				}
+			}
+			require.NoError(t, lock.Rollback(ctx))
+			a := <-answered
+			require.NoError(t, a.err)
+			assert.Equal(t, "v", a.v)
+			require.Eventually(t, func() bool {
+				rec, ok, err := b.Get(ctx, "k", time.Time{})
+				return err == nil && ok && rec.State == backend.StateCompleted
+			}, 10*time.Second, 10*time.Millisecond, "the outcome is recorded once the lock ends")
+		})
+	}
+}

@@ -41,12 +41,19 @@ func useDamagedFurther(b *Backend, keys []string) {
 }
 
 // The damage sweep of TestOpenDamagedPageSweep (one damage a case, in
-// turn), met by the operations it does not use: Renew, RecordStep,
+// turn; CheckAlways too), met by the operations it does not use: Renew, RecordStep,
 // Resume, RunOnceTx and the Store's listing each answer a damaged file
 // (an error, or a working backend) within a bound, without a panic.
 func TestDamagedPageSweepOtherOperations(t *testing.T) {
 	const pageSize = 4096
 	cases := damageCases(t)
+	// And CheckAlways, which checks every file whole at Open, stamped or
+	// not, and guards the reads after it all the same.
+	for _, c := range cases {
+		if c.check == CheckUnclean {
+			cases = append(cases, damageCase{c.name + ", CheckAlways", c.data, CheckAlways})
+		}
+	}
 	keys := []string{"order-0000", "order-0003", "order-0075", "order-0149", "zzz"}
 	dir := t.TempDir()
 	tried := 0

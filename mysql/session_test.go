@@ -182,3 +182,56 @@ func TestEmptyStringIsNull(t *testing.T) {
 		})
 	}
 }
+
+// A fn that sets its session's sql_mode (any mode, ORACLE, ANSI and
+// NO_BACKSLASH_ESCAPES included) and time_zone, on a pool of one
+// connection, whose later statements all meet those settings: its
+// outcome is recorded and replayed from another store, and the next
+// claims, a Forget and the listing work, with instants from the server's
+// clock.
+func TestRunOnceTxFnSessionSettings(t *testing.T) {
+	for _, mode := range []string{"ORACLE", "ANSI", "NO_BACKSLASH_ESCAPES", "", "TRADITIONAL", "PAD_CHAR_TO_FULL_LENGTH", "STRICT_TRANS_TABLES,EMPTY_STRING_IS_NULL"} {
+		for _, interpolate := range []string{"interpolateParams=false", "interpolateParams=true"} {
+			t.Run(mode+"/"+interpolate, func(t *testing.T) {
+				db := testDB(t, interpolate)
+				db.SetMaxOpenConns(1)
+				b, _ := testBackend(t, db)
+				s := idem.New[int](idem.Options{Backend: b, TTL: time.Hour})
+				defer s.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				calls := 0
+				fn := func(ctx context.Context, tx *sql.Tx) (int, error) {
+					calls++
+					if _, err := tx.ExecContext(ctx, "SET SESSION sql_mode = ?", mode); err != nil {
+						return 0, err
+					}
+					_, err := tx.ExecContext(ctx, "SET time_zone = '-11:00'")
+					return 5, err
+				}
+				key := `tx\'"`
+				v, err := RunOnceTx(ctx, s, key, "p", fn)
+				require.NoError(t, err)
+				require.Equal(t, 5, v)
+				other := idem.New[int](idem.Options{Backend: b, TTL: time.Hour})
+				defer other.Close()
+				v, err = RunOnceTx(ctx, other, key, "p", fn)
+				require.NoError(t, err)
+				assert.Equal(t, 5, v)
+				assert.Equal(t, 1, calls, "replayed")
+
+				next := `next\'é`
+				_, err = s.RunOnce(ctx, next, "p", func(context.Context) (int, error) { return 3, nil })
+				require.NoError(t, err)
+				rec, ok, err := b.Get(ctx, next, time.Time{})
+				require.NoError(t, err)
+				require.True(t, ok)
+				assert.WithinDuration(t, time.Now().Add(time.Hour), rec.ExpiresAt, time.Minute, "expiry from the server's clock")
+				require.NoError(t, s.Forget(ctx, next))
+				var keys []string
+				require.NoError(t, b.Each(ctx, func(r backend.Record) error { keys = append(keys, r.Key); return nil }))
+				assert.Equal(t, []string{key}, keys)
+			})
+		}
+	}
+}

@@ -260,3 +260,39 @@ func TestEvictionPolicyUnreadAfterAPassKeepsIt(t *testing.T) {
 	b.policy.lapse()
 	require.ErrorIs(t, claim("fourth"), ErrEvicting)
 }
+
+// On a Cluster, a master set to evict after the pass is seen at the next
+// read of the policy, whichever node the next claim's key lives on.
+func TestEvictingClusterPrimaryLaterIsNoticed(t *testing.T) {
+	rdb := testClusterClient(t).(*redis.ClusterClient)
+	ctx := context.Background()
+	require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		return node.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err()
+	}))
+	t.Cleanup(func() {
+		_ = rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return node.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err()
+		})
+	})
+	b := testClusterBackend(t, rdb)
+	_, won, err := b.Claim(ctx, backend.Record{Key: "first", Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+	require.NoError(t, err)
+	require.True(t, won)
+
+	var evicting string
+	var once sync.Once
+	require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) (err error) {
+		once.Do(func() {
+			evicting = node.Options().Addr
+			err = node.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err()
+		})
+		return err
+	}))
+	// policyRecheck has passed.
+	b.policy.lapse()
+	for _, key := range []string{"a", "b", "c", "d", "e"} { // on more than one node
+		_, _, err := b.Claim(ctx, backend.Record{Key: key, Token: "t", State: backend.StatePending}, time.Now(), time.Minute)
+		require.ErrorIs(t, err, ErrEvicting, "key %q", key)
+		assert.ErrorContains(t, err, evicting+" has maxmemory-policy allkeys-lru")
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -33,6 +34,7 @@ func TestConformance(t *testing.T) {
 // TestContract runs the store-level contract through RunOnce and Begin over
 // a bolt file, reopening the file for the restart and crash tests.
 func TestContract(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	idemtest.RunContract(t, harness())
 }
 
@@ -94,5 +96,6 @@ func TestStepsSurviveRestart(t *testing.T) {
 // TestModel drives two stores over one bolt file with idemtest's random
 // model; a crash reopens the file.
 func TestModel(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	idemtest.RunModel(t, harness())
 }

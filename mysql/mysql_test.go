@@ -120,6 +120,7 @@ func TestSchemaFileMatchesNew(t *testing.T) {
 // TestContract runs the store-level contract through RunOnce and Begin over
 // a table of its own; leases and expiry go by the server's clock.
 func TestContract(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	idemtest.RunContract(t, harness(testDB(t)))
 }
 
@@ -146,6 +147,7 @@ func harness(db *sql.DB) idemtest.Harness {
 // TestModel drives two stores over one table with idemtest's random
 // model, on the server's clock; a crash is a new Backend over the table.
 func TestModel(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	idemtest.RunModel(t, harness(testDB(t)))
 }
 

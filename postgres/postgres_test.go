@@ -98,6 +98,7 @@ func TestConcurrentNewOnFreshTable(t *testing.T) {
 // TestContract runs the store-level contract through RunOnce and Begin over
 // a table of its own; leases and expiry go by the server's clock.
 func TestContract(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	idemtest.RunContract(t, harness(testPool(t)))
 }
 
@@ -124,5 +125,6 @@ func harness(pool *pgxpool.Pool) idemtest.Harness {
 // TestModel drives two stores over one table with idemtest's random
 // model, on the server's clock; a crash is a new Backend over the table.
 func TestModel(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	idemtest.RunModel(t, harness(testPool(t)))
 }

@@ -52,6 +52,7 @@ func TestConformance(t *testing.T) {
 // TestContract runs the store-level contract through RunOnce and Begin under
 // a prefix of its own; leases and expiry go by the server's TIME.
 func TestContract(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	rdb := testClient(t)
 	idemtest.RunContract(t, idemtest.Harness{
 		Backend: func(t *testing.T) backend.Backend {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -43,12 +44,14 @@ func TestConformance(t *testing.T) {
 
 // TestContract runs the store-level contract through RunOnce and Begin.
 func TestContract(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	idemtest.RunContract(t, harness())
 }
 
 // TestModel drives two stores over one SQLite file with idemtest's random
 // model.
 func TestModel(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the package's other suite: both mostly wait on leases
 	idemtest.RunModel(t, harness())
 }
 

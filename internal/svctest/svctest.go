@@ -184,6 +184,18 @@ func SkipUnlessLong(t testing.TB, what string) {
 	t.Skip(why)
 }
 
+// AtOnceUnlessLong runs t in parallel with the package's other parallel
+// tests (t.Parallel) in a plain go test ./..., for a suite that mostly
+// waits on the real clock; with IDEM_LONG (CI, under the race detector,
+// with the long explorations beside it) t runs on its own, as it always
+// did.
+func AtOnceUnlessLong(t *testing.T) {
+	t.Helper()
+	if !Long() {
+		t.Parallel()
+	}
+}
+
 // inCI reports whether the tests run in CI: the CI environment variable
 // holds a true value ("true", "1", ...).
 func inCI() bool {

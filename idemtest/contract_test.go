@@ -5,6 +5,7 @@ import (
 
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/seed094d4201/idem/internal/svctest"
 )
 
 func TestContractMemoryOnly(t *testing.T) {
@@ -14,6 +15,7 @@ func TestContractMemoryOnly(t *testing.T) {
 }
 
 func TestContractMemoryBackend(t *testing.T) {
+	svctest.AtOnceUnlessLong(t) // beside the models: all mostly wait on the real clock
 	idemtest.RunContract(t, idemtest.Harness{
 		Backend: func(*testing.T) backend.Backend { return idemtest.NewMemoryBackend() },
 		// A MemoryBackend outlives its stores; Crash makes it look as a

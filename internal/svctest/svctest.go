@@ -26,7 +26,8 @@
 // The long explorations (idemtest.RunModel's budget, internal/multiproc's
 // kill loop, internal/resume's kill points) run in full only with
 // IDEM_LONG true (.ci/run sets it); the default run keeps a short version
-// of each (Long, SkipUnlessLong).
+// of each (Long, SkipUnlessLong), and runs the suites that mostly wait on
+// the real clock side by side (AtOnceUnlessLong).
 package svctest
 
 import (

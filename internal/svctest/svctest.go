@@ -72,7 +72,7 @@ var (
 		def: "root@tcp(127.0.0.1:3306)/test", dial: "127.0.0.1:3306"}
 	redis = &service{name: "Redis", env: "IDEM_REDIS_ADDR",
 		def: "127.0.0.1:6379", dial: "127.0.0.1:6379"}
-	redisCluster = &service{name: "a Redis Cluster", env: "IDEM_REDIS_CLUSTER_ADDRS"}
+	redisCluster = &service{name: "Redis Cluster", env: "IDEM_REDIS_CLUSTER_ADDRS"}
 	nats         = &service{name: "NATS JetStream", env: "IDEM_NATS_URL",
 		def: "nats://127.0.0.1:4222", dial: "127.0.0.1:4222"}
 	amqp = &service{name: "RabbitMQ", env: "IDEM_AMQP_URL",

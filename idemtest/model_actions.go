@@ -49,7 +49,7 @@ func (w *world) table() []action {
 			{"crash", 1, w.actCrash},
 			{"drop", 1, w.actDrop},
 			{"reconcile pinned", 1, w.actReconcilePinned},
-			{"step past a live owner", 1, w.actStepPastLiveOwner},
+			{"step past a live owner", 3, w.actStepPastLiveOwner},
 		}...)
 	}
 	return t

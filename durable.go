@@ -368,6 +368,9 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 func (s *Store[R]) letGo(ctx context.Context, claim backend.Record, op *operation) error {
 	if s.opts.Resume && (len(claim.Steps) > 0 || op.hasSteps()) {
 		s.lapse(ctx, claim)
+		if s.handOver(ctx, claim) {
+			return nil // no renewal can revive it: its token is no longer ours
+		}
 		s.startBackground(func() { s.lapseAgain(claim) })
 		return nil
 	}
@@ -409,6 +412,31 @@ func (s *Store[R]) tryLapse(ctx context.Context, claim backend.Record, again boo
 	_ = s.b.Renew(ctx, claim.Key, claim.Token, lapsedAt, time.Nanosecond)
 	returned = true
 }
+
+// handOver gives claim, just made to lapse, a released token (resumed
+// under it with a lease already over), so that a store that finds it,
+// on any backend, takes it over at once: no clock can fake that mark, and
+// no renewal of the old token can revive it. It reports whether the
+// record now carries it; if not, the lapse alone stands.
+func (s *Store[R]) handOver(ctx context.Context, claim backend.Record) bool {
+	if s.b.st == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
+	defer cancel()
+	// A server's lapse ends a moment after its now (a millisecond, on
+	// Redis): until then the claim is not yet resumable.
+	for try := 0; ; try++ {
+		_, err := s.b.Resume(ctx, claim.Key, claim.Token, releasedPrefix+newToken(), s.opts.Now(), time.Nanosecond)
+		if err == nil || !errors.Is(err, backend.ErrNotOwner) || try == 10 || !pause(ctx.Done(), time.Millisecond) {
+			return err == nil
+		}
+	}
+}
+
+// releasedPrefix starts the token of a claim its owner let go for
+// resumption (handOver).
+const releasedPrefix = "released-"
 
 // lapseAgain is letGo's second lapse of claim, if a late renewal revived it.
 func (s *Store[R]) lapseAgain(claim backend.Record) {

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/seed094d4201/idem/backend"
@@ -53,8 +54,9 @@ func watchPending(lease time.Duration, rec backend.Record) time.Duration {
 	return max(lease, rec.LeaseUntil.Sub(rec.CreatedAt))
 }
 
-// provenDead reports whether rec, an interrupted record, says its owner is
-// dead or let it go, not only that its lease lapsed: it has no lease to
+// provenDead reports whether rec says its owner is dead or let it go, not
+// only that its lease lapsed: a released token (its owner let it go for
+// resumption: handOver, on any backend); or, interrupted, no lease to
 // judge (the backend proved its owner dead); or the lease an owner's own
 // lapse gives (letting a claim go for resumption, on a backend that keeps
 // the store's clock: in the first second after lapsedAt); or the lease of
@@ -65,6 +67,9 @@ func watchPending(lease time.Duration, rec backend.Record) time.Duration {
 // since its claim. A shared backend's lapse ends at its server's now, and
 // is watched as any other.
 func provenDead(rec backend.Record) bool {
+	if strings.HasPrefix(rec.Token, releasedPrefix) { // let go: handOver
+		return rec.State != backend.StateCompleted
+	}
 	if rec.State != backend.StateInterrupted {
 		return false
 	}
@@ -86,7 +91,7 @@ func unchanged(a, b backend.Record) bool {
 // It gives up with ErrInProgress when the store closes or ctx ends.
 func (s *Store[R]) awaitOwner(ctx context.Context, rec backend.Record) (backend.Record, error) {
 	if provenDead(rec) {
-		return rec, nil
+		return s.judgedDead(ctx, rec) // a claim let go may still read pending
 	}
 	// A backend that stops answering must not hold Close up.
 	ctx, cancel := context.WithCancel(ctx)

@@ -290,3 +290,37 @@ func (c *contract) deadClaims(tokenPrefix string, keys ...string) {
 		return true
 	}), "the dead owners' claims never read as interrupted")
 }
+
+// With Resume, a run that fails after a recorded step lets its claim go,
+// and another store resumes it at once, on any backend, however long the
+// lease: the step does not run again, the rest does. (A lapse alone would
+// make the other store watch the claim for a whole lease first.)
+func testFailedRunResumesAtOnceElsewhere(c *contract) {
+	t := c.t
+	c.needBackend()
+	if _, ok := c.b.(backend.Stepper); !ok {
+		t.Skip("the backend records no steps")
+	}
+	opts := idem.Options{Resume: true, Lease: time.Hour}
+	first, other := c.store(opts), c.store(opts)
+	var charges atomic.Int32
+	charge := func(ctx context.Context) (int, error) { return int(charges.Add(1)), nil }
+	boom := errors.New("after the charge")
+	_, err := c.run(first, context.Background(), "k", "p", func(ctx context.Context) (receipt, error) {
+		if _, err := idem.Step(ctx, "charge", charge); err != nil {
+			return receipt{}, err
+		}
+		return receipt{}, boom
+	})
+	require.ErrorIs(t, err, boom)
+
+	start := time.Now()
+	v, err := c.run(other, c.bounded(), "k", "p", func(ctx context.Context) (receipt, error) {
+		n, err := idem.Step(ctx, "charge", charge)
+		return receipt{N: n}, err
+	})
+	require.NoError(t, err, "the other store resumes the key")
+	assert.Equal(t, receipt{N: 1}, v, "the recorded step answers without running")
+	assert.Equal(t, int32(1), charges.Load())
+	assert.Less(t, time.Since(start), contractTimeout/2, "resumed at once, not after the lease")
+}

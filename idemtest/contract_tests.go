@@ -38,6 +38,7 @@ var contractTests = []struct {
 	{"ResolveInterrupted", testResolveInterrupted},
 	{"RecordsListsInterruptedFirst", testRecordsListsInterruptedFirst},
 	{"WaitForOtherStoreEndsWithContext", testWaitForOtherStore},
+	{"FailedRunResumesAtOnceElsewhere", testFailedRunResumesAtOnceElsewhere},
 }
 
 // bounded returns a context that ends after contractTimeout, for calls

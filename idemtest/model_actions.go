@@ -328,7 +328,11 @@ func (w *world) actSweep(rt *rapid.T) {
 // actClock steps the stores' clock forward or back past every TTL and
 // lease, or a little.
 func (w *world) actClock(rt *rapid.T) {
-	d := rapid.SampledFrom([]time.Duration{modelStep, -modelStep, -3*time.Hour - 20*time.Minute, modelLease / 2, -modelLease / 2}).Draw(rt, "step")
+	w.stepClock(rapid.SampledFrom([]time.Duration{modelStep, -modelStep, -3*time.Hour - 20*time.Minute, modelLease / 2, -modelLease / 2}).Draw(rt, "step"))
+}
+
+// stepClock steps the stores' clock by d, and notes what that permits.
+func (w *world) stepClock(d time.Duration) {
 	w.hist.note("clock steps %v", d)
 	w.clock.step(d)
 	w.disturb()
@@ -362,10 +366,7 @@ func (w *world) actStepPastLiveOwner(rt *rapid.T) {
 	if !full {
 		w.async(&modelCall{ms: owner, via: "RunOnce", key: key, payload: "p", p: plan{end: "block"}, timeout: modelCallCtx})
 	}
-	w.clock.step(modelStep)
-	if !(w.h.ServerClock && w.b != nil) {
-		w.hist.point(permit{why: "the clock stepped past every TTL", store: -1, valid: true, completed: true, resets: true, at: w.clock.Now()})
-	}
+	w.stepClock(modelStep)
 	w.sync(rt, &modelCall{ms: other, via: "RunOnce", key: key, payload: "p", p: plan{end: "ok"}, timeout: modelCallCtx})
 }
 

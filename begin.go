@@ -115,6 +115,13 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 				continue // its owner left before it learnt anything: claim afresh
 			}
 			return e.err
+		case claimRecheck:
+			// Another payload's claim on its way to the Backend: the
+			// key's payload is the Backend's to say, once it has ended.
+			if err := wait(ctx, e); err != nil {
+				return err
+			}
+			continue
 		}
 		t.e = e
 		orig := t.ctx

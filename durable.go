@@ -26,6 +26,7 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			// From here the claim is t's: were the Observer to end this
 			// goroutine, begin's guard releases it.
 			t.claim = &claim
+			s.table.confirm(e)
 			endClaim(nil)
 			if s.b.st != nil && s.opts.Resume {
 				t.op.resumeWith(s.b, claim, s.opts.Now, s.opts.Lease, s.opts.SettleTimeout, s.stopping)

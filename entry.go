@@ -11,10 +11,13 @@ type entry[R any] struct {
 	shard *shard[R]   // holds the entry; immutable, saves hashing the key again
 
 	// Guarded by shard.mu.
-	completed  bool           // the outcome is final and replays until expires
-	expires    time.Time      // set when completed; zero for a pinned entry, which stays until unpinned
-	run        *expiryList[R] // the expiry run holding the entry; nil while in flight or pinned
-	prev, next *entry[R]      // neighbours in run
+	completed bool // the outcome is final and replays until expires
+	// unconfirmed: the entry's claim may yet fail in the Backend, which may
+	// hold the key for another payload (table.claim).
+	unconfirmed bool
+	expires     time.Time      // set when completed; zero for a pinned entry, which stays until unpinned
+	run         *expiryList[R] // the expiry run holding the entry; nil while in flight or pinned
+	prev, next  *entry[R]      // neighbours in run
 
 	// done is closed once the outcome is set. The first caller that needs to
 	// wait makes it, under shard.mu, and it is never replaced, so a claim can

@@ -138,10 +138,11 @@ func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func
 // once before ErrFull is returned, since those entries hold no live key.
 func (s *Store[R]) claim(key string, fp Fingerprint, wantDone bool) (*entry[R], claimKind, error) {
 	now := s.opts.Now()
-	e, kind, err := s.table.claim(key, fp, now, wantDone)
+	unconfirmed := s.opts.Backend != nil
+	e, kind, err := s.table.claim(key, fp, now, wantDone, unconfirmed)
 	if err == ErrFull {
 		if n, _ := s.table.sweep(now, noStop); n > 0 {
-			e, kind, err = s.table.claim(key, fp, now, wantDone)
+			e, kind, err = s.table.claim(key, fp, now, wantDone, unconfirmed)
 		}
 	}
 	return e, kind, err

@@ -24,9 +24,10 @@ var testHookSweepBatch func()
 type claimKind int
 
 const (
-	claimOwner  claimKind = iota // the key was absent: the caller must execute and settle
-	claimWait                    // in flight: wait on entry.done
-	claimReplay                  // completed: entry.val and entry.err are the outcome
+	claimOwner   claimKind = iota // the key was absent: the caller must execute and settle
+	claimWait                     // in flight: wait on entry.done
+	claimReplay                   // completed: entry.val and entry.err are the outcome
+	claimRecheck                  // in flight with another payload, unconfirmed: wait on entry.done, then claim again
 )
 
 // A table is the claim table: every key's entry, split across shards. Its
@@ -69,7 +70,13 @@ func (t *table[R]) shard(key string) *shard[R] {
 // is in flight and wantDone is set, claim makes sure the entry has a done
 // channel to wait on; the owner asks for one when it may stop waiting before
 // the execution ends.
-func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone bool) (*entry[R], claimKind, error) {
+//
+// With unconfirmed set, a new entry's payload is not yet the key's: its
+// claim is on its way to a Backend, which may hold the key for another
+// payload. A caller with another payload then waits for it and claims
+// again (claimRecheck) rather than be refused by a payload that may never
+// hold the key; once confirm(e), it is refused at once.
+func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone, unconfirmed bool) (*entry[R], claimKind, error) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -80,7 +87,7 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone boo
 		switch {
 		case e.completed && !e.expires.IsZero() && !now.Before(e.expires):
 			t.removeLocked(sh, e) // expired: the key is free again
-		case e.fp != fp:
+		case e.fp != fp && (e.completed || !e.unconfirmed):
 			return nil, 0, ErrPayloadMismatch
 		case e.completed:
 			return e, claimReplay, nil
@@ -88,19 +95,30 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone boo
 			if e.done == nil {
 				e.done = make(chan struct{})
 			}
+			if e.fp != fp {
+				return e, claimRecheck, nil
+			}
 			return e, claimWait, nil
 		}
 	}
 	if t.maxKeys > 0 && !t.reserve() {
 		return nil, 0, ErrFull
 	}
-	e := &entry[R]{key: key, fp: fp, shard: sh}
+	e := &entry[R]{key: key, fp: fp, shard: sh, unconfirmed: unconfirmed}
 	if wantDone {
 		e.done = make(chan struct{})
 	}
 	sh.entries[key] = e
 	t.running.Add(1)
 	return e, claimOwner, nil
+}
+
+// confirm marks e's payload as the key's: its claim landed.
+func (t *table[R]) confirm(e *entry[R]) {
+	sh := e.shard
+	sh.mu.Lock()
+	e.unconfirmed = false
+	sh.mu.Unlock()
 }
 
 // reserve counts one more key unless that would pass maxKeys. It never

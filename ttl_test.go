@@ -199,9 +199,9 @@ func TestExpiryOrderSurvivesOutOfOrderCompletion(t *testing.T) {
 			b = k
 		}
 	}
-	ea, _, err := tb.claim(a, Fingerprint{}, now, false)
+	ea, _, err := tb.claim(a, Fingerprint{}, now, false, false)
 	require.NoError(t, err)
-	eb, _, err := tb.claim(b, Fingerprint{}, now, false)
+	eb, _, err := tb.claim(b, Fingerprint{}, now, false, false)
 	require.NoError(t, err)
 	tb.complete(eb, now.Add(2*time.Second)) // b read the clock later but recorded first
 	tb.complete(ea, now.Add(time.Second))

@@ -119,7 +119,7 @@ func moreChecks(t *testing.T) {
 // table refuses it while the other's claim is on its way to the backend
 // (TestRetryIsNotRefusedWhileAnotherPayloadIsChecked, skipped until
 // that is fixed; then set this false).
-const tolerateLocalMismatch = true
+const tolerateLocalMismatch = false
 
 // modelMaxBody is the guard's MaxStoredBody in the model: bodies are drawn
 // around it.

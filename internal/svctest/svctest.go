@@ -10,7 +10,9 @@
 //
 //   - the environment variable that names it (IDEM_POSTGRES_DSN,
 //     IDEM_MYSQL_DSN, IDEM_REDIS_ADDR, IDEM_REDIS_CLUSTER_ADDRS,
-//     IDEM_NATS_URL, IDEM_AMQP_URL), used as it is;
+//     IDEM_NATS_URL, IDEM_AMQP_URL), used as it is if something answers
+//     at the host and port it names within a longer dial (3 s; a form
+//     with no host and port, a Unix socket, is used without a dial);
 //   - the variable set to the empty string turns that service off: its
 //     tests skip;
 //   - unset, the service's standard local address, if something answers
@@ -33,6 +35,7 @@ package svctest
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -50,6 +53,10 @@ const LongEnv = "IDEM_LONG"
 // its service is taken for absent.
 const dialTimeout = 200 * time.Millisecond
 
+// namedDialTimeout is how long an address a variable names has to answer:
+// longer, as the user asked for it and it may be across a network.
+const namedDialTimeout = 3 * time.Second
+
 // A service is one the tests may need: the variable that names it, its
 // standard local address, and the address to dial to see that it is up.
 type service struct {
@@ -57,6 +64,10 @@ type service struct {
 	env  string // the variable that names it
 	def  string // the value used when env is unset; "" if it has none
 	dial string // host:port to dial for def
+
+	// addrs returns the host:port pairs a value of env names, to dial
+	// before using it; none if its form has none (a Unix socket).
+	addrs func(v string) []string
 
 	once  sync.Once
 	value string // the resolved value, or "" with why
@@ -67,16 +78,22 @@ type service struct {
 // "Run it" section lists (internal/doccheck checks that it does).
 var (
 	postgres = &service{name: "PostgreSQL", env: "IDEM_POSTGRES_DSN",
-		def: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", dial: "127.0.0.1:5432"}
+		def: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", dial: "127.0.0.1:5432",
+		addrs: postgresHost}
 	mysql = &service{name: "MySQL/MariaDB", env: "IDEM_MYSQL_DSN",
-		def: "root@tcp(127.0.0.1:3306)/test", dial: "127.0.0.1:3306"}
+		def: "root@tcp(127.0.0.1:3306)/test", dial: "127.0.0.1:3306",
+		addrs: mysqlHost}
 	redis = &service{name: "Redis", env: "IDEM_REDIS_ADDR",
-		def: "127.0.0.1:6379", dial: "127.0.0.1:6379"}
-	redisCluster = &service{name: "Redis Cluster", env: "IDEM_REDIS_CLUSTER_ADDRS"}
-	nats         = &service{name: "NATS JetStream", env: "IDEM_NATS_URL",
-		def: "nats://127.0.0.1:4222", dial: "127.0.0.1:4222"}
+		def: "127.0.0.1:6379", dial: "127.0.0.1:6379",
+		addrs: hostPort("6379")}
+	redisCluster = &service{name: "Redis Cluster", env: "IDEM_REDIS_CLUSTER_ADDRS",
+		addrs: hostPort("6379")}
+	nats = &service{name: "NATS JetStream", env: "IDEM_NATS_URL",
+		def: "nats://127.0.0.1:4222", dial: "127.0.0.1:4222",
+		addrs: urlHost("4222")}
 	amqp = &service{name: "RabbitMQ", env: "IDEM_AMQP_URL",
-		def: "amqp://guest:guest@127.0.0.1:5672/", dial: "127.0.0.1:5672"}
+		def: "amqp://guest:guest@127.0.0.1:5672/", dial: "127.0.0.1:5672",
+		addrs: amqpHost}
 )
 
 var all = []*service{postgres, mysql, redis, redisCluster, nats, amqp}
@@ -133,23 +150,128 @@ func (s *service) resolve() {
 	v, set := os.LookupEnv(s.env)
 	switch {
 	case set && v != "":
+		// A named address where nothing answers (a typo, a stopped
+		// container) is no service: say so once, rather than let each
+		// test fail on a refused connection after its client's retries.
+		if addrs := s.addrsOf(v); len(addrs) > 0 && !answers(addrs, namedDialTimeout) {
+			s.why = fmt.Sprintf("no %s: nothing answers at %s (%s) within %v",
+				s.name, strings.Join(addrs, ","), s.env, namedDialTimeout)
+			return
+		}
 		s.value = v
 	case set:
 		s.why = fmt.Sprintf("no %s: %s is set empty, which turns it off", s.name, s.env)
 	case s.def == "":
 		s.why = fmt.Sprintf("no %s: %s is not set (it has no standard address)", s.name, s.env)
 	default:
-		c, err := net.DialTimeout("tcp", s.dial, dialTimeout)
-		if err != nil {
+		if !answers([]string{s.dial}, dialTimeout) {
 			s.why = fmt.Sprintf("no %s: nothing answers at its standard address %s within %v and %s is not set",
 				s.name, s.dial, dialTimeout, s.env)
 			return
 		}
-		c.Close()
 		s.value = s.def
 		// A child process the test starts reads the variable.
 		os.Setenv(s.env, s.def)
 	}
+}
+
+// addrsOf returns the host:port pairs v names, none if s cannot read them.
+func (s *service) addrsOf(v string) []string {
+	if s.addrs == nil {
+		return nil
+	}
+	return s.addrs(v)
+}
+
+// answers reports whether every one of addrs accepts a TCP connection
+// within timeout.
+func answers(addrs []string, timeout time.Duration) bool {
+	for _, a := range addrs {
+		c, err := net.DialTimeout("tcp", a, timeout)
+		if err != nil {
+			return false
+		}
+		c.Close()
+	}
+	return true
+}
+
+// hostPort reads a comma-separated list of host[:port] (a Redis node, a
+// Cluster's nodes), port defaulting to port.
+func hostPort(port string) func(string) []string {
+	return func(v string) []string {
+		var out []string
+		for _, a := range strings.Split(v, ",") {
+			out = append(out, withPort(strings.TrimSpace(a), port))
+		}
+		return out
+	}
+}
+
+// urlHost reads a comma-separated list of URLs (NATS takes several),
+// port defaulting to port.
+func urlHost(port string) func(string) []string {
+	return func(v string) []string {
+		var out []string
+		for _, a := range strings.Split(v, ",") {
+			u, err := url.Parse(strings.TrimSpace(a))
+			if err != nil || u.Host == "" {
+				return nil // a form we cannot read: used without a dial
+			}
+			out = append(out, withPort(u.Host, port))
+		}
+		return out
+	}
+}
+
+// amqpHost reads an AMQP URL: port 5672, or 5671 for amqps.
+func amqpHost(v string) []string {
+	if strings.HasPrefix(v, "amqps:") {
+		return urlHost("5671")(v)
+	}
+	return urlHost("5672")(v)
+}
+
+// postgresHost reads a PostgreSQL URL or key=value DSN; a host that is a
+// directory (a Unix socket) has no address to dial.
+func postgresHost(v string) []string {
+	if strings.Contains(v, "://") {
+		return urlHost("5432")(v)
+	}
+	host, port := "localhost", "5432"
+	for _, f := range strings.Fields(v) {
+		if h, ok := strings.CutPrefix(f, "host="); ok {
+			host = h
+		} else if p, ok := strings.CutPrefix(f, "port="); ok {
+			port = p
+		}
+	}
+	if strings.HasPrefix(host, "/") {
+		return nil
+	}
+	return []string{net.JoinHostPort(host, port)}
+}
+
+// mysqlHost reads go-sql-driver/mysql's DSN: the address in tcp(...);
+// any other form (unix(...)) has none to dial.
+func mysqlHost(v string) []string {
+	_, rest, ok := strings.Cut(v, "@tcp(")
+	if !ok {
+		return nil
+	}
+	addr, _, ok := strings.Cut(rest, ")")
+	if !ok || addr == "" {
+		return nil
+	}
+	return []string{withPort(addr, "3306")}
+}
+
+// withPort returns addr with port added if it has none.
+func withPort(addr, port string) string {
+	if _, _, err := net.SplitHostPort(addr); err == nil {
+		return addr
+	}
+	return net.JoinHostPort(strings.Trim(addr, "[]"), port)
 }
 
 // Skipf skips t with the reason the format gives, or fails t with it when

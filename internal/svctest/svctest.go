@@ -21,8 +21,8 @@
 //     Cluster has no standard address: unset, its tests skip.
 //
 // A test that cannot have its service skips with the reason on a
-// developer's machine; in CI (the CI environment variable true, as CI
-// services and .ci/run set it) it fails instead, since a skipped test
+// developer's machine; in CI (the CI environment variable set to anything
+// but empty or false, as CI services and .ci/run set it) it fails instead, since a skipped test
 // there would pass without having run.
 //
 // The long explorations (idemtest.RunModel's budget, internal/multiproc's
@@ -274,8 +274,9 @@ func withPort(addr, port string) string {
 	return net.JoinHostPort(strings.Trim(addr, "[]"), port)
 }
 
-// Skipf skips t with the reason the format gives, or fails t with it when
-// the CI environment variable is true (as CI services and .ci/run set it).
+// Skipf skips t with the reason the format gives, or fails t with it in
+// CI: the CI environment variable set to anything but empty or false (as
+// CI services and .ci/run set it).
 // Main's summary counts the skip.
 func Skipf(t testing.TB, format string, args ...any) {
 	t.Helper()
@@ -320,10 +321,16 @@ func AtOnceUnlessLong(t *testing.T) {
 }
 
 // inCI reports whether the tests run in CI: the CI environment variable
-// holds a true value ("true", "1", ...).
+// is set to anything but empty or a false value ("false", "0"). Not every
+// CI service sets a boolean (Woodpecker sets CI=woodpecker), and taking
+// one of them for a developer's machine would let a test skip unseen.
 func inCI() bool {
-	ci, _ := strconv.ParseBool(os.Getenv("CI"))
-	return ci
+	v := os.Getenv("CI")
+	if v == "" {
+		return false
+	}
+	ci, err := strconv.ParseBool(v)
+	return err != nil || ci
 }
 
 // Main runs the package's tests as M does and exits with their status: a

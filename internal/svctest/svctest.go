@@ -384,7 +384,11 @@ func (s *skips) line(pkg string) string {
 		reasons = append(reasons, fmt.Sprintf("%d: %s", n, why))
 	}
 	sort.Strings(reasons)
-	return fmt.Sprintf("svctest: %s: %d tests skipped (%s)", pkg, total, strings.Join(reasons, "; "))
+	tests := "tests"
+	if total == 1 {
+		tests = "test"
+	}
+	return fmt.Sprintf("svctest: %s: %d %s skipped (%s)", pkg, total, tests, strings.Join(reasons, "; "))
 }
 
 // Summary prints one line saying how many tests Skipf and SkipUnlessLong

@@ -162,3 +162,11 @@ func TestSkipUnlessLong(t *testing.T) {
 		}
 	}
 }
+
+func TestSummaryLineSaysOneTestInTheSingular(t *testing.T) {
+	s := &skips{n: map[string]int{}}
+	s.add("no A")
+	if got, want := s.line("./x"), "svctest: ./x: 1 test skipped (1: no A)"; got != want {
+		t.Fatalf("%q, want %q", got, want)
+	}
+}

@@ -21,6 +21,10 @@ type history struct {
 	execs   map[string][]*execEvent // guarded by mu; by key, in start order
 	permits []*permit               // guarded by mu
 	steps   map[stepID]stepRecord   // guarded by mu; the steps recorded, by key and name
+	// resolves: by key, the stores' clock when an operator's Resolve
+	// completed the key; guarded by mu. Its outcome expires as an
+	// execution's does, steps and all.
+	resolves map[string][]time.Time
 	errs    []string                // guarded by mu; violations seen by the executions
 	lines   []string                // guarded by mu; a trace for a failure's report
 }
@@ -88,7 +92,7 @@ type stepRecord struct {
 }
 
 func newHistory() *history {
-	return &history{execs: make(map[string][]*execEvent), steps: make(map[stepID]stepRecord)}
+	return &history{execs: make(map[string][]*execEvent), steps: make(map[stepID]stepRecord), resolves: make(map[string][]time.Time)}
 }
 
 // now returns the history's clock.
@@ -271,7 +275,20 @@ func (h *history) expiredLocked(key string, p *permit) bool {
 			return true
 		}
 	}
+	for _, at := range h.resolves[key] {
+		if !at.Add(modelTTL).After(p.at) {
+			return true
+		}
+	}
 	return false
+}
+
+// resolved records that an operator's Resolve completed key at the
+// stores' clock at, before any permit opened after it.
+func (h *history) resolved(key string, at time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.resolves[key] = append(h.resolves[key], at)
 }
 
 // stepDone records what a step returned to fn: ran tells whether its fn

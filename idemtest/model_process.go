@@ -43,6 +43,9 @@ func (w *world) actResolve(rt *rapid.T) {
 	defer cancel()
 	err := w.admin(rt, "Resolve", func() error { return ms.s.Resolve(ctx, key, receipt{N: v}, nil) })
 	w.hist.note("resolve %s in store %d with %d -> %v", key, ms.id, v, err)
+	if err == nil {
+		w.hist.resolved(key, w.clock.Now())
+	}
 	w.checkAdmin(rt, "Resolve", err, disturb0, faulted, ms)
 }
 

@@ -25,8 +25,8 @@ type history struct {
 	// completed the key; guarded by mu. Its outcome expires as an
 	// execution's does, steps and all.
 	resolves map[string][]time.Time
-	errs    []string                // guarded by mu; violations seen by the executions
-	lines   []string                // guarded by mu; a trace for a failure's report
+	errs     []string // guarded by mu; violations seen by the executions
+	lines    []string // guarded by mu; a trace for a failure's report
 }
 
 // An execEvent is one execution of a key's fn.

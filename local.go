@@ -11,9 +11,8 @@ import (
 // transaction, beside the caller's writes, and so need of a Store what its
 // users never do: a claim in memory only, a finish that counts as a
 // replay, the Codec on records, the options with defaults applied. They
-// reach it through internal/seam (typed by internal/txrun.Of), so that the
-// root package lists the user's API alone, as database/sql keeps the
-// driver's apart.
+// reach it through a seam of this module's own, outside the user's API, as
+// database/sql keeps the driver's apart.
 
 func init() {
 	seam.Local = func(store any) any {
@@ -31,8 +30,8 @@ func (s *Store[R]) local() any {
 	return localStore[R]{s}
 }
 
-// localStore is a Store's transactional view; its methods are
-// internal/txrun.Local's.
+// localStore is a Store's transactional view, as the transactional
+// modes use it.
 type localStore[R any] struct{ s *Store[R] }
 
 // BeginLocal claims key in the store's memory only (beginLocal).

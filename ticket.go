@@ -117,7 +117,7 @@ func (s *Store[R]) Begin(ctx context.Context, key string, payload any) (*Ticket[
 // transaction, and neither it nor Finish writes to the Backend. Finish then
 // hands the outcome to those duplicates and forgets it; later calls read
 // the record the caller committed. The transactional modes reach it
-// through internal/seam (local.go).
+// through the seam in local.go.
 func (s *Store[R]) beginLocal(ctx context.Context, key string, payload any) (*Ticket[R], error) {
 	t := new(Ticket[R])
 	if err := s.begin(ctx, key, payload, false, true, t); err != nil {

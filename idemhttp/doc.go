@@ -12,6 +12,45 @@
 // Options.Scope, so that one client can never read another's stored
 // response. Set it on any server that more than one client can reach.
 //
+// # Transactional mode
+//
+// A handler that writes to the same database as the store's Backend
+// (PostgreSQL, MySQL or SQLite) can have its rows, its key and its
+// response committed in one transaction: set Options.InTx to the InTx of
+// the Backend's package and write through the transaction its
+// TxFromContext finds in the request's context. The middleware holds the
+// response until that transaction commits, and sends it only then, so a
+// crash at any instant leaves either nothing (a retry runs the handler
+// afresh) or everything (a retry replays the response). Without it, a
+// crash after the handler's own commit and before its response is
+// recorded leaves the key interrupted: its retries are answered 500, "its
+// outcome is unknown", until an operator settles the key.
+//
+// The transaction holds only what can wait for its commit, and the rest
+// is refused, never kept by halves:
+//   - A handler error, a panic, a 5xx, or a handler still running at the
+//     store's ExecutionTimeout rolls its rows back with the claim: nothing
+//     is remembered, and the key is free for the retry. A 5xx goes to the
+//     client as the handler wrote it; a panic is 500.
+//   - A response streamed (Flush) or a connection taken over (Hijack) is
+//     refused at once (the call fails), and so is a body larger than
+//     Options.MaxStoredBody (Write fails): the request is answered 500 and
+//     its rows roll back.
+//   - The handler must not commit or roll back the transaction itself. On
+//     PostgreSQL it holds a savepoint, so its Commit or Rollback only makes
+//     the request fail with nothing committed; on SQLite its commit is
+//     refused and rolled back. On MySQL a COMMIT (or DDL, which commits)
+//     commits its rows with a claim that has no outcome: the key is then
+//     interrupted, as it would be without InTx.
+//   - A call to a remote service cannot be in the transaction: make it
+//     before, or through idem.Step with a StepKey the other service
+//     honours, so that a retry does not repeat it.
+//
+// A client that hangs up does not stop the handler: its response is
+// committed, and the retry replays it. A duplicate waits for the
+// transaction to end (up to Options.Wait) and replays its response, or
+// runs the handler itself if it rolled back.
+//
 // On the client, Transport makes one key per logical request (or uses the
 // caller's) and sends it on every attempt, retrying only the outcomes that
 // leave the result unknown.

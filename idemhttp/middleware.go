@@ -131,8 +131,26 @@ type Options struct {
 	// FailOpen runs the handler unguarded when the store's backend cannot
 	// claim the key (it is unreachable, say) instead of answering 503. It
 	// trades the guarantee for availability: a retry may then execute
-	// twice. Other store failures are 503 all the same.
+	// twice. Other store failures are 503 all the same. It does not apply
+	// with InTx, whose handler's transaction is the claim's.
 	FailOpen bool
+
+	// InTx, if set, is the transactional mode: each guarded handler runs
+	// in a transaction of the store's database that also claims its key,
+	// and its rows, its key and its whole response (status, stored
+	// headers, body) commit together before the response is sent. Set it
+	// to the InTx of the store's Backend package, such as
+	// postgres.InTx[idemhttp.Response] (mysql and sqlite have theirs), and
+	// have the handler write through the transaction that package's
+	// TxFromContext finds in the request's context. A crash at any instant
+	// leaves either nothing (the retry runs the handler afresh) or
+	// everything (the retry replays the response); without InTx, a crash
+	// between the handler's own commit and the response being recorded
+	// leaves the key interrupted, answered 500 until an operator settles
+	// it. See "Transactional mode" in the package doc for what the
+	// handler must not do there. Nil means the handler runs outside any
+	// transaction of the middleware's.
+	InTx func(ctx context.Context, store *idem.Store[Response], key string, payload any, fn func(ctx context.Context) (Response, error)) (Response, error)
 
 	// WriteError answers a request the middleware refuses or cannot serve
 	// (400, 401, 409, 413, 422, 500, 503), so that a service can answer in its
@@ -351,6 +369,10 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		return
 	}
 	defer g.waiters.Leave(storeKey)
+	if g.opts.InTx != nil {
+		g.serveTx(w, r, req, next, storeKey, fp, scope, lk)
+		return
+	}
 	// The wait ends with the client: a duplicate whose client hung up holds
 	// no goroutine, body nor MaxWaiters slot for the rest of Wait. The work,
 	// if this request claims the key, runs under ctx, which it cannot end.
@@ -463,7 +485,7 @@ func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 		// A client can cause this at will: Debug, never a log flood.
 		g.opts.Logger.Debug("idemhttp: store full; request refused", lk.with("err", err)...)
 		g.fail(w, req, http.StatusServiceUnavailable, "The server holds as many requests in flight as it can track; retry later with the same key.", g.opts.RetryAfter, err)
-	case g.opts.FailOpen && isClaimFailure(err):
+	case g.opts.FailOpen && g.opts.InTx == nil && isClaimFailure(err):
 		g.opts.Logger.Warn("idemhttp: store unavailable; running the handler unguarded (FailOpen)", lk.with("err", err)...)
 		next.ServeHTTP(w, req)
 	default:

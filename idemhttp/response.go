@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"net"
 	"net/http"
@@ -140,6 +141,13 @@ type recorder struct {
 	released  bool  // ReleaseKey: the handler failed without a response
 	clientErr error // the first failed write to the client, which is gone
 
+	// held: the transactional mode. Nothing but an informational status
+	// reaches w until the handler's transaction commits (send); a
+	// response that cannot wait for that (streamed, hijacked, larger than
+	// maxBody) is refused, and refused says why.
+	held    bool
+	refused error
+
 	before   http.Header // the headers set before the handler ran (outer middleware's): not the handler's to remember
 	declared int64       // the Content-Length the response was sent with; -1 if none
 	written  int64       // body bytes the handler wrote
@@ -187,16 +195,30 @@ func (r *recorder) WriteHeader(code int) {
 	// A response after ReleaseKey is the handler's answer after all:
 	// remembered as any other, whole.
 	r.released = false
-	if cl := r.w.Header().Get("Content-Length"); cl != "" {
-		if n, err := strconv.ParseInt(cl, 10, 64); err == nil {
-			r.declared = n
+	if r.held {
+		if code < 100 || code > 999 {
+			panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http does: nothing is sent
 		}
+		r.keepDeclared()
+		r.keepHeaders()
+		r.resp.Status = code
+		return
 	}
+	r.keepDeclared()
 	r.keepHeaders()
 	saved := r.resp.Header
 	r.resp.Header = nil
 	r.w.WriteHeader(code) // panics, as net/http does, on an invalid code: nothing is sent
 	r.resp.Status, r.resp.Header = code, saved
+}
+
+// keepDeclared notes the Content-Length the response is sent with.
+func (r *recorder) keepDeclared() {
+	if cl := r.w.Header().Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil {
+			r.declared = n
+		}
+	}
 }
 
 // keepHeaders copies the headers to remember as they stand when the
@@ -274,6 +296,9 @@ func (r *recorder) Write(p []byte) (int, error) {
 	if r.resp.Status == 0 {
 		r.WriteHeader(http.StatusOK)
 	}
+	if r.held {
+		return r.hold(p)
+	}
 	if !r.oversized {
 		if len(r.resp.Body)+len(p) > r.maxBody {
 			r.oversized, r.resp.Body = true, nil
@@ -305,6 +330,10 @@ func (r *recorder) Flush() { _ = r.FlushError() }
 // FlushError is Flush that says whether it flushed, for
 // http.ResponseController.
 func (r *recorder) FlushError() error {
+	if r.held {
+		r.refuse(errStreamedInTx)
+		return errStreamedInTx
+	}
 	if r.resp.Status == 0 {
 		r.WriteHeader(http.StatusOK) // what net/http sends on a flush before WriteHeader
 	}
@@ -318,6 +347,10 @@ func (r *recorder) FlushError() error {
 // Hijack hands the connection to the handler, which answers on it: the
 // response is remembered without what it writes there (see response).
 func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if r.held {
+		r.refuse(errHijackedInTx)
+		return nil, nil, errHijackedInTx
+	}
 	conn, rw, err := http.NewResponseController(r.w).Hijack()
 	if err == nil {
 		r.hijacked = true
@@ -331,7 +364,9 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 
 // complete reports whether the recorder holds the whole response: it was
 // neither streamed, hijacked nor larger than maxBody.
-func (r *recorder) complete() bool { return !r.oversized && !r.streamed && !r.hijacked && !r.released }
+func (r *recorder) complete() bool {
+	return !r.oversized && !r.streamed && !r.hijacked && !r.released && r.refused == nil
+}
 
 // response returns what the handler sent, and whether it is remembered:
 // its status is 2xx, 3xx, or 4xx but 408, 409, 425 and 429. A remembered

@@ -1,0 +1,137 @@
+package idemhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/limit"
+)
+
+// serveTx is Serve's run in the transactional mode (Options.InTx): the key
+// is claimed in a transaction of the store's database, the handler runs in
+// it with its response held, and the response goes out only once the
+// handler's rows, the key and the response have committed together.
+func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.Handler, storeKey string, fp idem.Fingerprint, scope string, lk logKey) {
+	wait := newWaitBound(r.Context(), g.opts.Wait)
+	defer wait.stop()
+	before := w.Header().Clone() // to undo what a handler whose response is not sent set
+	rec := newRecorder(w, g.headers, g.opts.MaxStoredBody)
+	rec.before, rec.held = before, true
+	var quota limit.Reservation
+	resp, err := g.opts.InTx(wait.ctx, g.store, storeKey, fp[:], func(ctx context.Context) (Response, error) {
+		if !wait.start() {
+			return Response{}, errGaveUp
+		}
+		// Counted only for a key this request claimed, as in Serve.
+		var ok bool
+		if quota, ok = g.quota.Reserve(scope); !ok {
+			return Response{}, errOverQuota
+		}
+		next.ServeHTTP(rec, req.WithContext(ctx))
+		resp, ok := rec.response()
+		switch {
+		case rec.refused != nil:
+			return resp, rec.refused
+		case !ok:
+			return resp, &notStored{resp, rec.complete()}
+		}
+		return resp, nil
+	})
+	if !wait.started() { // a replay, or why there is none: no handler ran here
+		g.answer(w, req, next, resp, err, scope, lk)
+		return
+	}
+	var ns *notStored
+	var pe *idem.PanicError
+	switch {
+	case err == nil: // committed: the handler's own response, not a replay
+		rec.send(resp.Status)
+		return
+	case errors.Is(err, errOverQuota):
+		g.answer(w, req, next, resp, err, scope, lk)
+		return
+	case errors.As(err, &pe):
+		quota.Cancel()
+		g.afterRun(w, req, before, false, err, lk)
+		return
+	case errors.As(err, &ns): // a 5xx, say: rolled back, and delivered as it is
+		quota.Cancel()
+		if ns.resp.Status != 0 { // not a ReleaseKey with nothing written
+			rec.send(ns.resp.Status)
+		}
+		return
+	}
+	// Refused, or the transaction did not commit (the commit failed, the
+	// handler ended the transaction itself, ExecutionTimeout): nothing of
+	// the handler's is kept, so nothing of its response may be sent.
+	quota.Cancel()
+	h := w.Header()
+	clear(h)
+	for k, v := range before {
+		h[k] = v
+	}
+	if rec.refused != nil {
+		g.opts.Logger.Error("idemhttp: the handler's response could not be held until its transaction committed; its writes were rolled back", lk.with("err", err)...)
+		g.fail(w, req, http.StatusInternalServerError, "The response could not be saved with the request's changes, so nothing was saved; it may be retried with the same key.", 0, err)
+		return
+	}
+	g.opts.Logger.Error("idemhttp: the handler's transaction did not commit; nothing of it was kept", lk.with("err", err)...)
+	g.fail(w, req, http.StatusServiceUnavailable, "The request's changes could not be committed, so nothing was saved; retry with the same key.", g.opts.RetryAfter, err)
+}
+
+// errGaveUp ends the run of a request that stopped waiting for its key
+// before the key was its to run: it was answered 409 already, so the
+// handler does not run, and duplicates that waited on it are told to retry.
+var errGaveUp = fmt.Errorf("%w: the request stopped waiting for its key before it could run", idem.ErrInProgress)
+
+// A waitBound ends a request's wait for its key, at Options.Wait or when
+// its client hangs up, but never its handler's run once that has started:
+// the handler's response goes out only after its transaction commits, so
+// the request that runs it waits for it. ctx is what the claim waits under.
+type waitBound struct {
+	ctx        context.Context
+	cancel     context.CancelFunc
+	state      atomic.Int32 // waiting, then running or gaveUp, once
+	timer      *time.Timer
+	stopHangUp func() bool
+}
+
+const (
+	waiting int32 = iota
+	running
+	gaveUp
+)
+
+func newWaitBound(client context.Context, wait time.Duration) *waitBound {
+	b := &waitBound{}
+	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(client))
+	b.timer = time.AfterFunc(wait, b.giveUp)
+	b.stopHangUp = context.AfterFunc(client, b.giveUp)
+	return b
+}
+
+// giveUp ends the wait, unless the handler has started.
+func (b *waitBound) giveUp() {
+	if b.state.CompareAndSwap(waiting, gaveUp) {
+		b.cancel()
+	}
+}
+
+// start reports whether the handler may run: the wait has not ended, and
+// from now on it will not.
+func (b *waitBound) start() bool { return b.state.CompareAndSwap(waiting, running) }
+
+// started reports whether the handler ran. Read once the claim has
+// returned: a handler that started has finished by then.
+func (b *waitBound) started() bool { return b.state.Load() == running }
+
+func (b *waitBound) stop() {
+	b.timer.Stop()
+	b.stopHangUp()
+	b.cancel()
+}

@@ -3,8 +3,8 @@ package idemhttp
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"

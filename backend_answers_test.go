@@ -145,7 +145,7 @@ func TestBeginLocalReplaysWhenMemoryIsFull(t *testing.T) {
 // with no Backend and no ExecutionTimeout: the work's goroutines stop
 // (issue 18).
 func TestTicketContextEndsWithTheTicket(t *testing.T) {
-	s := hsStore[int](t, idem.Options{})
+	s := newStore[int](t, idem.Options{})
 	for _, end := range []string{"Finish", "Release"} {
 		tk, err := s.Begin(context.Background(), "k-"+end, "p")
 		require.NoError(t, err)

@@ -3,13 +3,18 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/idemtest"
+	"github.com/stretchr/testify/require"
 )
 
 // Backends that misbehave on purpose, and what the tests of the core need
@@ -113,4 +118,120 @@ func absent(mem *idemtest.MemoryBackend, key string) func() bool {
 		_, ok, err := mem.Get(context.Background(), key, time.Now())
 		return err == nil && !ok
 	}
+}
+
+// runtimeGC runs a collection, so that a dropped Ticket's finalizer runs.
+func runtimeGC() { runtime.GC() }
+
+// fakeClock is an injectable clock that moves only when told to.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now().UTC().Truncate(time.Second)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// newStore returns a store with opts that is closed when the test ends
+// (before a backend whose cleanup was registered first).
+func newStore[R any](t *testing.T, opts idem.Options) *idem.Store[R] {
+	t.Helper()
+	s := idem.New[R](opts)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// runToEnd runs f on a goroutine of its own (f may Goexit) and fails the
+// test if it has not ended within a few seconds.
+func runToEnd(t *testing.T, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("call did not return")
+	}
+}
+
+// stepBackends are the Steppers the table tests run on: one in memory, one
+// in a file.
+var stepBackends = []struct {
+	name string
+	b    func(t *testing.T) backend.Backend
+}{
+	{"memory", func(*testing.T) backend.Backend { return idemtest.NewMemoryBackend() }},
+	{"bolt", func(t *testing.T) backend.Backend { return openBolt(t) }},
+}
+
+// openBolt opens a bolt file closed when the test ends.
+func openBolt(t *testing.T) *bolt.Backend {
+	t.Helper()
+	b, err := bolt.Open(filepath.Join(t.TempDir(), "idem.db"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// atRecoveryPoint leaves key at a recovery point: one step "a" recorded
+// (returning 1), then an ordinary error.
+func atRecoveryPoint(t *testing.T, s *idem.Store[string], key, payload string) {
+	t.Helper()
+	_, err := s.RunOnce(context.Background(), key, payload, func(ctx context.Context) (string, error) {
+		if _, err := idem.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			return "", err
+		}
+		return "", errors.New("transient: stop at the recovery point")
+	})
+	require.Error(t, err)
+	require.False(t, idem.IsFinal(err))
+}
+
+type stepOutcome struct {
+	val string
+	err error
+}
+
+// order is the result type of the durable tests.
+type order struct {
+	ID     int
+	Amount int
+}
+
+// durableStore returns a store over b that is closed when the test ends.
+func durableStore(t *testing.T, b backend.Backend, opts idem.Options) *idem.Store[order] {
+	t.Helper()
+	opts.Backend = b
+	s := idem.New[order](opts)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func countingFn(v order) (*atomic.Int32, func(context.Context) (order, error)) {
+	var calls atomic.Int32
+	return &calls, func(context.Context) (order, error) {
+		calls.Add(1)
+		return v, nil
+	}
+}
+
+func mustFingerprint(t *testing.T, payload any) idem.Fingerprint {
+	t.Helper()
+	fp, err := idem.DefaultFingerprint(payload)
+	require.NoError(t, err)
+	return fp
 }

@@ -226,10 +226,9 @@ func TestGoexitInObserverNotRecorded(t *testing.T) {
 	closes(t, s)
 }
 
-// From a hostile review: the Observer hears of an unrecorded outcome even
-// when the "idem.record" span's end ends the goroutine; its ctx has not
-// ended with the caller's; and a Goexit in NotRecorded leaves no
-// execution counted as running.
+// The Observer hears of an unrecorded outcome even when the "idem.record"
+// span's end ends the goroutine; its ctx has not ended with the caller's;
+// and a Goexit in NotRecorded leaves no execution counted as running.
 func TestNotRecordedIsToldWhateverEndsTheGoroutine(t *testing.T) {
 	failing := func() backend.Backend {
 		return idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: func(op string) error {
@@ -280,10 +279,10 @@ func TestNotRecordedIsToldWhateverEndsTheGoroutine(t *testing.T) {
 	})
 }
 
-// From an attack on the core: a Goexit in Observer.Call leaves the
-// Executing gauge balanced, and a clock (Options.Now, the user's code)
-// that panics while an outcome is recorded neither crashes the process
-// from the store's goroutine nor leaves the key in flight.
+// A Goexit in Observer.Call leaves the Executing gauge balanced, and a
+// clock (Options.Now, the user's code) that panics while an outcome is
+// recorded neither crashes the process from the store's goroutine nor
+// leaves the key in flight.
 func TestGoexitInCallAndPanickingClock(t *testing.T) {
 	t.Run("Call exits", func(t *testing.T) {
 		var gauge atomic.Int32

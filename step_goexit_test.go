@@ -2,8 +2,10 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,4 +97,59 @@ func TestRecordStepOfUnknownFateKeepsTheStep(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "charge 1", v)
 	assert.Equal(t, int64(1), charges.Load(), "the step's effect was done again")
+}
+
+// A key at a recovery point (step "a" recorded, then an ordinary error)
+// keeps it whatever the Observer does: runtime.Goexit in its Span, where
+// the library promises to settle the key as if the work had failed before
+// commit, must not delete the record and its steps. The Goexit guards
+// (for "idem.execute" and "idem.record") keep the claim at its recovery
+// point rather than release it with Backend.Release, which would drop the
+// recorded steps and let the next call run step "a" (the charge) again.
+func TestReviewGoexitInSpanKeepsRecoveryPoint(t *testing.T) {
+	for _, phase := range []string{"idem.execute", "idem.record"} {
+		t.Run(phase, func(t *testing.T) {
+			mem := idemtest.NewMemoryBackend()
+			var charges atomic.Int32
+			fn := func(ctx context.Context) (string, error) {
+				if _, err := idem.Step(ctx, "a", func(context.Context) (int, error) {
+					charges.Add(1)
+					return 1, nil
+				}); err != nil {
+					return "", err
+				}
+				return "", errors.New("transient: stop at the recovery point")
+			}
+			opts := idem.Options{Backend: mem, Resume: true, SettleTimeout: 100 * time.Millisecond}
+			plain := idem.New[string](opts)
+			defer closes(t, plain)
+
+			// Run 1: step "a" runs and is recorded, then fn fails.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := plain.RunOnce(ctx, "k", "p", fn)
+			require.Error(t, err)
+			require.Equal(t, int32(1), charges.Load())
+
+			// Run 2, through a store whose Observer ends the goroutine in
+			// the Span of phase, once.
+			var exited atomic.Bool
+			obsOpts := opts
+			obsOpts.Observer = &idem.Observer{Span: func(ctx context.Context, p, key string) (context.Context, func(error)) {
+				if p == phase && exited.CompareAndSwap(false, true) {
+					runtime.Goexit()
+				}
+				return ctx, func(error) {}
+			}}
+			observed := idem.New[string](obsOpts)
+			defer closes(t, observed)
+			runToEnd(t, func() { _, _ = observed.RunOnce(ctx, "k", "p", fn) })
+			require.True(t, exited.Load(), "the Observer's Span was not called for %s", phase)
+
+			// Run 3: the recovery point must still be there; step "a" is
+			// replayed, not run again.
+			runToEnd(t, func() { _, _ = plain.RunOnce(ctx, "k", "p", fn) })
+			require.Equal(t, int32(1), charges.Load(), "step \"a\" ran again: the Goexit guard released the recovery point (its recorded steps)")
+		})
+	}
 }

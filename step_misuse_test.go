@@ -17,9 +17,9 @@ import (
 // the key was released and a retry ran: the step must not run a second
 // time (issue 18: the charge ran, and only then did Step fail to record).
 func TestStepAfterTheOperationEndedDoesNotRun(t *testing.T) {
-	for _, tc := range hsBackends {
+	for _, tc := range stepBackends {
 		t.Run(tc.name, func(t *testing.T) {
-			s := hsStore[string](t, idem.Options{Backend: tc.b(t), Resume: true})
+			s := newStore[string](t, idem.Options{Backend: tc.b(t), Resume: true})
 			var charges atomic.Int32
 			charge := func(context.Context) (int, error) { return int(charges.Add(1)), nil }
 			late, lateErr := make(chan context.Context, 1), make(chan error, 1)
@@ -47,7 +47,7 @@ func TestStepAfterTheOperationEndedDoesNotRun(t *testing.T) {
 // an error at once instead of waiting on itself for ever with the key held
 // (issue 18).
 func TestStepCallingItselfFails(t *testing.T) {
-	s := hsStore[string](t, idem.Options{})
+	s := newStore[string](t, idem.Options{})
 	run := func(key string, fn func(context.Context) (string, error)) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -73,7 +73,7 @@ func TestStepCallingItselfFails(t *testing.T) {
 // A second call of a running step waits for the first only as long as the
 // operation's context lives.
 func TestStepWaitEndsWithTheContext(t *testing.T) {
-	s := hsStore[string](t, idem.Options{})
+	s := newStore[string](t, idem.Options{})
 	release := make(chan struct{})
 	defer close(release)
 	started := make(chan struct{})
@@ -108,8 +108,8 @@ func TestStepNilContext(t *testing.T) {
 // of its own, is the nested operation's OperationKey, not a key of the
 // outer step's name (issue 18).
 func TestStepKeyOfANestedOperation(t *testing.T) {
-	outer := hsStore[string](t, idem.Options{})
-	inner := hsStore[string](t, idem.Options{})
+	outer := newStore[string](t, idem.Options{})
+	inner := newStore[string](t, idem.Options{})
 	var stepKey, opKey string
 	_, err := outer.RunOnce(context.Background(), "outer", "p", func(ctx context.Context) (string, error) {
 		return idem.Step(ctx, "pay", func(ctx context.Context) (string, error) {
@@ -127,11 +127,11 @@ func TestStepKeyOfANestedOperation(t *testing.T) {
 // recorded, fn failing after it, then the clock stepped back by hours (an
 // NTP step) must not make the lapsed claim look live again (issue 18).
 func TestRecoveryPointSurvivesABackwardClockStep(t *testing.T) {
-	for _, tc := range hsBackends {
+	for _, tc := range stepBackends {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := idemtest.NewClock(time.Unix(1_800_000_000, 0))
-			s := hsStore[string](t, idem.Options{Backend: tc.b(t), Resume: true, Now: clock.Now})
-			hsAtRecoveryPoint(t, s, "k", "p")
+			s := newStore[string](t, idem.Options{Backend: tc.b(t), Resume: true, Now: clock.Now})
+			atRecoveryPoint(t, s, "k", "p")
 			clock.Advance(-(3*time.Hour + 20*time.Minute))
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -148,4 +148,69 @@ func TestRecoveryPointSurvivesABackwardClockStep(t *testing.T) {
 			assert.False(t, reran.Load())
 		})
 	}
+}
+
+// StepKey must differ from OperationKey for every step: a step named ""
+// gets the operation's own key, so a service handed both (the whole
+// operation's key for one call, the step's for another) would take the
+// second call for a repeat of the first.
+func TestHostileStepKeyEmptyNameCollidesWithOperationKey(t *testing.T) {
+	s := newStore[string](t, idem.Options{})
+	var opKey, stepKey string
+	var stepErr error
+	_, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (string, error) {
+		opKey = idem.OperationKey(ctx)
+		_, stepErr = idem.Step(ctx, "", func(ctx context.Context) (int, error) {
+			stepKey = idem.StepKey(ctx)
+			return 0, nil
+		})
+		return "", nil
+	})
+	require.NoError(t, err)
+	if stepErr == nil {
+		assert.NotEqual(t, opKey, stepKey, "a step's derived key equals the operation's")
+	}
+}
+
+// A replayed Ticket's Context belongs to no operation (Context's doc: "For
+// a replayed ticket it is Begin's ctx"), whether the replay came from
+// memory or from the Backend: Step must refuse rather than run a side
+// effect for an operation that is over.
+func TestHostileReplayedTicketHasNoOperation(t *testing.T) {
+	b := openBolt(t)
+	s := newStore[string](t, idem.Options{Backend: b, Resume: true})
+	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (string, error) { return "done", nil })
+	require.NoError(t, err)
+	tk, err := s.Begin(context.Background(), "k", "p")
+	require.NoError(t, err)
+	replayed := tk.Replayed()
+	require.True(t, replayed)
+	ran := false
+	_, err = idem.Step(tk.Context(), "x", func(context.Context) (int, error) { ran = true; return 0, nil })
+	assert.ErrorIs(t, err, idem.ErrNoOperation)
+	assert.False(t, ran, "a step ran for a replayed operation")
+	assert.Equal(t, "", idem.OperationKey(tk.Context()))
+}
+
+// Step called with the operation's ctx after fn returned (a goroutine that
+// kept it): the operation is completed, so the step must not run; Step
+// says so before calling fn, and the record's steps are unchanged.
+func TestHostileStepAfterOperationReturned(t *testing.T) {
+	b := openBolt(t)
+	s := newStore[string](t, idem.Options{Backend: b, Resume: true})
+	var kept context.Context
+	_, err := s.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (string, error) {
+		kept = ctx
+		_, err := idem.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil })
+		return "done", err
+	})
+	require.NoError(t, err)
+	var ran atomic.Bool
+	_, err = idem.Step(kept, "late", func(context.Context) (int, error) { ran.Store(true); return 1, nil })
+	assert.ErrorContains(t, err, "after its operation ended")
+	assert.False(t, ran.Load(), "a step ran after its operation ended")
+	rec, _, err := b.Get(context.Background(), "k", time.Now())
+	require.NoError(t, err)
+	require.Len(t, rec.Steps, 1)
+	assert.Equal(t, "a", rec.Steps[0].Name)
 }

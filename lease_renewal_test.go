@@ -198,7 +198,7 @@ func (b *renewRefusedAfterComplete) Complete(ctx context.Context, rec backend.Re
 
 // A work context ends as a finished ticket's does, not with ErrLeaseLost,
 // when a renewal lands after the outcome was recorded: the lease was not
-// lost, the work was over. Found by the hostile review of the lease.
+// lost, the work was over.
 func TestReviewWorkEndsBeforeTheOutcomeIsRecorded(t *testing.T) {
 	b := &renewRefusedAfterComplete{Backend: idemtest.NewMemoryBackend(), refused: make(chan struct{})}
 	s := durableStore(t, b, idem.Options{Lease: 30 * time.Millisecond})
@@ -211,10 +211,10 @@ func TestReviewWorkEndsBeforeTheOutcomeIsRecorded(t *testing.T) {
 	assert.NotErrorIs(t, context.Cause(work), idem.ErrLeaseLost, "the work of a recorded outcome reads as a lost lease")
 }
 
-// A Backend whose Renew panics made a renewal that failed, on the timer's
-// goroutine where nothing could take the panic: the process ended. It is
-// retried as any failed renewal, and the work ends with ErrLeaseLost once
-// the trust runs out. Found in the final read of the lease change.
+// A Backend whose Renew panics, on the timer's goroutine where nothing
+// else could take the panic, made a renewal that failed; the process does
+// not end. It is retried as any failed renewal, and the work ends with
+// ErrLeaseLost once the trust runs out.
 func TestRenewThatPanicsIsAFailedRenewal(t *testing.T) {
 	var calls atomic.Int32
 	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
@@ -231,4 +231,56 @@ func TestRenewThatPanicsIsAFailedRenewal(t *testing.T) {
 	require.NoError(t, err)
 	assert.ErrorIs(t, cause, idem.ErrLeaseLost)
 	assert.GreaterOrEqual(t, calls.Load(), int32(2), "a panicking renewal is retried")
+}
+
+// exitingComplete is a Backend whose first Complete ends its goroutine
+// (a user's backend, or a client hook, calling t.FailNow), and that counts
+// the renewals it gets once told the store is closed.
+type exitingComplete struct {
+	*idemtest.MemoryBackend
+	exited      atomic.Bool
+	closed      atomic.Bool
+	lateRenewal chan struct{}
+}
+
+func (b *exitingComplete) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
+	if b.exited.CompareAndSwap(false, true) {
+		runtime.Goexit()
+	}
+	return b.MemoryBackend.Complete(ctx, rec, now, ttl)
+}
+
+func (b *exitingComplete) Renew(ctx context.Context, key, token string, now time.Time, lease time.Duration) error {
+	if b.closed.Load() {
+		select {
+		case b.lateRenewal <- struct{}{}:
+		default:
+		}
+	}
+	return b.MemoryBackend.Renew(ctx, key, token, now, lease)
+}
+
+// runtime.Goexit in the Backend's Complete, after the lease's stop
+// function was taken off the ticket, still stops the lease's renewals:
+// none runs past Close. Were they left running, the renewal timer's
+// s.background.Add(1) would race Close's background.Wait, and the key would
+// stay pending under a live lease that no process will ever record:
+// stranded in flight for every other store.
+func TestReviewGoexitInBackendCompleteStopsRenewals(t *testing.T) {
+	b := &exitingComplete{MemoryBackend: idemtest.NewMemoryBackend(), lateRenewal: make(chan struct{}, 1)}
+	lease := 30 * time.Millisecond
+	s := idem.New[string](idem.Options{Backend: b, Lease: lease, SettleTimeout: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	runToEnd(t, func() {
+		_, _ = s.RunOnce(ctx, "k", "p", func(context.Context) (string, error) { return "ok", nil })
+	})
+	require.True(t, b.exited.Load())
+	closes(t, s)
+	b.closed.Store(true)
+	select {
+	case <-b.lateRenewal:
+		t.Fatal("the claim's lease is still renewed after Close returned: its renewals were never stopped")
+	case <-time.After(10 * lease):
+	}
 }

@@ -9,9 +9,9 @@ import (
 )
 
 // An Observer.Sweep that calls runtime.Goexit once (t.FailNow in a test
-// helper) ends the background sweeper for good: a panic there is recovered
-// and sweeping goes on, but a Goexit silently kills sweepLoop, so expired
-// outcomes are never swept again (rule 8: bounded memory).
+// helper) does not end the background sweeper: as after a panic there,
+// sweeping goes on and expired outcomes are still removed (rule 8: bounded
+// memory). A Goexit used to end sweepLoop silently, for good.
 func TestAttackSweeperSurvivesObserverGoexit(t *testing.T) {
 	clock := newFakeClock()
 	var calls atomic.Int32
@@ -43,5 +43,25 @@ func TestAttackSweeperSurvivesObserverGoexit(t *testing.T) {
 	}
 	if n := s.Len(); n != 0 {
 		t.Fatalf("expired outcome still held after 2s of 5ms sweeps (Len %d, sweeps %d): the sweeper died", n, calls.Load())
+	}
+}
+
+// The Observer's functions are documented (observer.go) as user code whose
+// panic "is logged and dropped, so that it can neither strand a key nor
+// crash the process": Sweep's too, so a panicking Observer.Sweep does not
+// escape Store.Sweep (it was once called bare, unlike Call, Executing and
+// Span).
+func TestAttackObserverSweepPanicEscapesSweep(t *testing.T) {
+	s := newStore[int](t, Options{
+		TTL: time.Hour, SweepInterval: -1,
+		Observer: &Observer{Sweep: func(context.Context, int, error) { panic("observer bug") }},
+	})
+	defer func() {
+		if v := recover(); v != nil {
+			t.Fatalf("panic in Observer.Sweep escaped Store.Sweep: %v", v)
+		}
+	}()
+	if _, err := s.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -6,11 +6,21 @@
 //	go run ./examples/payments -serve :8080 # only the API, for curl
 //
 // The API takes POST /charges with a JSON body {"order":101,"amount":450}
-// and an Idempotency-Key header, keeps its keys in a bbolt file, and lists
-// the ledger at GET /ledger. The story starts it on a loopback port, puts a
-// proxy in front that drops the first reply after the API has charged, and
-// pays three orders with idemhttp.Transport: the lost reply is retried with
-// the same key and replayed, so the ledger holds one charge per order.
+// and an Idempotency-Key header, and lists the ledger at GET /ledger. Its
+// charges and its idempotency keys live in one database, SQLite by
+// default (a temporary file, or -db FILE), PostgreSQL or MySQL/MariaDB if
+// PAYMENTS_DB (or -db) names one:
+//
+//	PAYMENTS_DB=postgres://127.0.0.1:5432/test go run ./examples/payments
+//	PAYMENTS_DB='mysql:root@tcp(127.0.0.1:3306)/test' go run ./examples/payments
+//
+// Each charge, its key and the response commit in one transaction
+// (idemhttp's transactional mode), so a crash leaves all three or none.
+// The story starts the API on a loopback port, puts a proxy in front that
+// drops the first reply after the API has charged, and pays three orders
+// with idemhttp.Transport: the lost reply is retried with the same key and
+// replayed, so the ledger holds one charge per order. On PostgreSQL or
+// MySQL the story makes tables of its own and drops them at the end.
 package main
 
 import (
@@ -26,18 +36,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/seed094d4201/idem"
-	"github.com/seed094d4201/idem/bolt"
 	"github.com/seed094d4201/idem/idemhttp"
 )
 
 func main() {
 	serve := flag.String("serve", "", "only serve the API on this address (for curl), until interrupted")
-	db := flag.String("db", "", "bbolt file for the keys (default: a temporary file)")
+	db := flag.String("db", os.Getenv("PAYMENTS_DB"), "the database: a SQLite file, a postgres:// URL, or mysql:DSN (default $PAYMENTS_DB, else a temporary SQLite file)")
 	delay := flag.Duration("delay", 0, "with -serve: make each charge take this long, to see a duplicate answered 409")
 	overGRPC := flag.Bool("grpc", false, "tell the story over gRPC, with idemgrpc's interceptors")
 	flag.Parse()
@@ -48,7 +55,7 @@ func main() {
 	case *overGRPC:
 		err = runGRPC(os.Stdout)
 	default:
-		err = run(os.Stdout)
+		err = run(os.Stdout, *db)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments:", err)
@@ -63,33 +70,33 @@ type Charge struct {
 	Amount int `json:"amount"`
 }
 
-// API is the payment service: its ledger, and its idempotency keys in a
-// bbolt file.
+// API is the payment service: a ledger of charges in a database, and its
+// idempotency keys beside it.
 type API struct {
-	mu     sync.Mutex
-	ledger []Charge // guarded by mu
-
-	backend *bolt.Backend
-	keys    *idem.Store[idemhttp.Response]
+	ledger  *ledger
 	handler http.Handler
 	delay   time.Duration // how long a charge takes
 }
 
-// NewAPI opens the key file at path and builds the API's handler. Each
-// charge takes at least delay.
-func NewAPI(path string, delay time.Duration) (*API, error) {
-	b, err := bolt.Open(path, nil)
+// NewAPI opens the database dsn names (see openLedger) and builds the
+// API's handler. Each charge takes at least delay.
+func NewAPI(ctx context.Context, dsn, prefix string, delay time.Duration) (*API, error) {
+	l, err := openLedger(ctx, dsn, prefix)
 	if err != nil {
 		return nil, err
 	}
-	a := &API{backend: b, keys: idem.New[idemhttp.Response](idem.Options{Backend: b}), delay: delay}
-	guard := idemhttp.Middleware(a.keys, idemhttp.Options{
+	a := &API{ledger: l, delay: delay}
+	guard := idemhttp.Middleware(l.keys, idemhttp.Options{
 		Required:    true,
 		Wait:        2 * time.Second, // a duplicate waits this long for the first request, then 409
 		Fingerprint: idemhttp.JSONFingerprint,
 		// One tenant must never see another's stored responses. A real API
 		// takes the account from its authentication; this one from a header.
 		Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
+		// The charge, its key and the response commit in one transaction:
+		// a crash leaves all of them or none, never a charge whose answer
+		// is lost.
+		InTx: l.inTx,
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /charges", guard(http.HandlerFunc(a.charge)))
@@ -98,11 +105,13 @@ func NewAPI(path string, delay time.Duration) (*API, error) {
 	return a, nil
 }
 
-func (a *API) Close() error { return errors.Join(a.keys.Close(), a.backend.Close()) }
+func (a *API) Close() { a.ledger.close() }
 
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.handler.ServeHTTP(w, r) }
 
-// charge takes the money: it is not idempotent by itself.
+// charge takes the money: it is not idempotent by itself. It writes
+// through the request's transaction, which the middleware commits with
+// the key and this response.
 func (a *API) charge(w http.ResponseWriter, r *http.Request) {
 	var req struct{ Order, Amount int }
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Order <= 0 || req.Amount <= 0 {
@@ -110,25 +119,29 @@ func (a *API) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	time.Sleep(a.delay) // the bank is slow
-	a.mu.Lock()
-	c := Charge{ID: len(a.ledger) + 1, Order: req.Order, Amount: req.Amount}
-	a.ledger = append(a.ledger, c)
-	a.mu.Unlock()
+	id, err := a.ledger.insert(r.Context(), req.Order, req.Amount)
+	if err != nil {
+		// A 5xx rolls the charge back with the key: the retry runs afresh.
+		http.Error(w, `{"error":"the ledger is unavailable"}`, http.StatusServiceUnavailable)
+		return
+	}
+	c := Charge{ID: id, Order: req.Order, Amount: req.Amount}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", fmt.Sprintf("/charges/%d", c.ID))
 	w.WriteHeader(http.StatusCreated)
 	_ = json.NewEncoder(w).Encode(c)
 }
 
-func (a *API) Ledger() []Charge {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]Charge(nil), a.ledger...)
-}
+func (a *API) Ledger(ctx context.Context) ([]Charge, error) { return a.ledger.list(ctx) }
 
 func (a *API) listLedger(w http.ResponseWriter, r *http.Request) {
+	charges, err := a.Ledger(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(a.Ledger())
+	_ = json.NewEncoder(w).Encode(charges)
 }
 
 // lossyProxy forwards to the API, but cuts the connection instead of
@@ -177,17 +190,29 @@ func listen(h http.Handler) (string, func(), error) {
 	return "http://" + ln.Addr().String(), func() { _ = srv.Shutdown(context.Background()) }, nil
 }
 
-func run(w io.Writer) error {
-	dir, err := os.MkdirTemp("", "payments")
-	if err != nil {
-		return err
+// run tells the story on the database dsn names, or on a temporary SQLite
+// file if dsn is empty.
+func run(w io.Writer, dsn string) error {
+	ctx := context.Background()
+	prefix := ""
+	if dsn == "" {
+		dir, err := os.MkdirTemp("", "payments")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		dsn = filepath.Join(dir, "payments.db")
+	} else if !isFile(dsn) { // a shared database: tables of this run's own
+		prefix = fmt.Sprintf("payments_%d_", time.Now().UnixNano())
 	}
-	defer os.RemoveAll(dir)
-	api, err := NewAPI(filepath.Join(dir, "keys.db"), 0)
+	api, err := NewAPI(ctx, dsn, prefix, 0)
 	if err != nil {
 		return err
 	}
 	defer api.Close()
+	if prefix != "" {
+		defer api.ledger.drop(ctx)
+	}
 	apiURL, stopAPI, err := listen(api)
 	if err != nil {
 		return err
@@ -229,7 +254,11 @@ func run(w io.Writer) error {
 
 	fmt.Fprintln(w, "The ledger:")
 	perOrder := make(map[int]int)
-	for _, c := range api.Ledger() {
+	charges, err := api.Ledger(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range charges {
 		fmt.Fprintf(w, "  charge %d: order %d, %d rupees\n", c.ID, c.Order, c.Amount)
 		perOrder[c.Order]++
 	}
@@ -252,14 +281,27 @@ func serveOnly(addr, path string, delay time.Duration) error {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		path = filepath.Join(dir, "keys.db")
+		path = filepath.Join(dir, "payments.db")
 	}
-	api, err := NewAPI(path, delay)
+	api, err := NewAPI(context.Background(), path, "payments_", delay)
 	if err != nil {
 		return err
 	}
 	defer api.Close()
-	log.Printf("payment API on %s, keys in %s", addr, path)
+	log.Printf("payment API on %s, charges and keys in %s", addr, redact(path))
 	srv := &http.Server{Addr: addr, Handler: api, ReadHeaderTimeout: 5 * time.Second}
 	return srv.ListenAndServe()
+}
+
+// isFile reports whether dsn names a SQLite file rather than a server.
+func isFile(dsn string) bool {
+	return !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") && !strings.HasPrefix(dsn, "mysql:")
+}
+
+// redact hides a password a server DSN may carry, for the log.
+func redact(dsn string) string {
+	if isFile(dsn) {
+		return dsn
+	}
+	return strings.SplitN(dsn, "@", 2)[len(strings.SplitN(dsn, "@", 2))-1]
 }

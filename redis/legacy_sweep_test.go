@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Found by helper-38: Sweep deleted <prefix>expiry whatever it was, so an
-// application's own key of that name under the prefix went every minute.
-// The legacy index, a sorted set, still goes.
+// Sweep deletes <prefix>expiry only when it is the legacy index, a sorted
+// set: an application's own key of that name under the prefix stays (it
+// once went at every sweep, whatever it was).
 func TestSweepDeletesOnlyTheLegacySortedSet(t *testing.T) {
 	rdb := testClient(t)
 	ctx := context.Background()

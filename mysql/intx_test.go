@@ -67,4 +67,3 @@ func TestHTTPInTx(t *testing.T) {
 		})
 	}
 }
-

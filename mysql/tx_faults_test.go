@@ -23,9 +23,10 @@ import (
 // of its own) is still running; fn then returns a plain (non-final) error.
 // database/sql's awaitDone goroutine marks the Tx done and queues its
 // ROLLBACK behind the running statement; RunOnceTx's deferred rollback sees
-// ErrTxDone, does not spoil the session, and close() sends
-// `SET autocommit = 1` on the same connection, racing that ROLLBACK. If the
-// SET wins, the open transaction (claim + fn's writes) is COMMITTED.
+// ErrTxDone. The session must not then send `SET autocommit = 1` on the
+// same connection, racing that ROLLBACK: if the SET won, the open
+// transaction (claim + fn's writes) would be COMMITTED. None of a failed
+// fn's writes is committed.
 func TestAttackTimeoutRaceCommitsFailedFn(t *testing.T) {
 	for _, variant := range []string{"StatementOwnCtx", "WaitCtxDone"} {
 		t.Run(variant, func(t *testing.T) {
@@ -61,10 +62,10 @@ func TestAttackTimeoutRaceCommitsFailedFn(t *testing.T) {
 	}
 }
 
-// The reply to COMMIT is lost on a pool of one connection: committed()
-// asks b.db about the session while the session still holds the pool's
-// only connection, so it cannot ask; it waits SettleTimeout and reports
-// "nothing was committed" although the outcome committed.
+// The reply to COMMIT is lost on a pool of one connection: the caller is
+// told the outcome committed, as it did. Asking b.db about the session
+// while the session still holds the pool's only connection could not be
+// answered; it would wait SettleTimeout and report "nothing was committed".
 func TestAttackLostCommitReplyPoolOfOne(t *testing.T) {
 	direct := testDB(t)
 	_, table := testBackend(t, direct)

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -49,6 +50,7 @@ import (
 const (
 	httpTxClients  = 4
 	httpTxDropOne  = 4                      // the proxy loses one reply in this many
+	httpTxTwice    = 5                      // one order in this many is sent by two callers at once
 	httpTxMaxDelay = 400 * time.Millisecond // the most a child works before its kill is aimed
 	httpTxPauseBy  = 5 * time.Second        // a pause not reached by then: the child is killed where it is
 	httpTxOrderBy  = 60 * time.Second       // an order still unanswered by then is a violation
@@ -165,7 +167,7 @@ func httpTxKillLoop(t *testing.T, kind, name, charges string) {
 	committed := maps.Clone(rows)
 	byOrder := map[string]*httpTxOrderRun{}
 
-	var attempts, unanswered, replays, retries, recalls int
+	var attempts, unanswered, replays, retries, recalls, dups int
 	for _, o := range clients.all() {
 		byOrder[o.order] = o
 		attempts += len(o.attempts)
@@ -174,18 +176,24 @@ func httpTxKillLoop(t *testing.T, kind, name, charges string) {
 		switch {
 		case len(bodies) != 1:
 			violate("order %s has %d charge rows: %q", o.order, len(bodies), bodies)
-		case o.err != nil:
-			violate("order %s got no answer: %v", o.order, o.err)
-		case o.final.status != http.StatusCreated || o.final.body != bodies[0]:
-			violate("order %s was answered %d %q, its committed answer is 201 %q", o.order, o.final.status, o.final.body, bodies[0])
+		case len(o.errs) > 0:
+			violate("order %s got no answer: %v", o.order, o.errs)
 		}
-		if o.final.replayed {
-			replays++
+		for _, f := range o.finals {
+			if len(bodies) == 1 && (f.status != http.StatusCreated || f.body != bodies[0]) {
+				violate("order %s was answered %d %q, its committed answer is 201 %q", o.order, f.status, f.body, bodies[0])
+			}
+			if f.replayed {
+				replays++
+			}
+		}
+		if o.senders > 1 {
+			dups++
 		}
 		if len(o.attempts)+o.unanswered > 1 {
 			retries++
 		}
-		if o.tries > 1 {
+		if o.tries > o.senders {
 			recalls++
 		}
 		for _, a := range o.attempts {
@@ -215,8 +223,8 @@ func httpTxKillLoop(t *testing.T, kind, name, charges string) {
 			violate("order %s: its run killed before its commit (pid %d) is the one committed: %q", p.order, p.pid, committed[p.order][0])
 		case p.where == "post" && !ran:
 			violate("order %s: its run killed after its commit (pid %d) is not the one committed: %q", p.order, p.pid, committed[p.order][0])
-		case p.where == "post" && !o.final.replayed:
-			violate("order %s: committed by a run killed before it answered, but its client's answer is not a replay", p.order)
+		case p.where == "post" && slices.ContainsFunc(o.finals, func(f httpTxReply) bool { return !f.replayed }):
+			violate("order %s: committed by a run killed before it answered, but its client got an answer that is not a replay", p.order)
 		}
 	}
 
@@ -236,8 +244,8 @@ func httpTxKillLoop(t *testing.T, kind, name, charges string) {
 	}
 	statuses := clients.statusCounts()
 
-	line := fmt.Sprintf("httptx killloop %s: kills=%d (random=%d pre-commit=%d post-commit=%d pause-missed=%d) orders=%d attempts=%d (answered %s, unanswered %d) replies-dropped=%d forward-errors=%d orders-retried=%d orders-called-again=%d final-replays=%d keys-completed=%d interrupted=%d pending=%d violations=%d time=%v",
-		kind, kills, random, pre, post, missed, orders, attempts+unanswered, statuses, unanswered, proxy.dropped.Load(), proxy.lost.Load(),
+	line := fmt.Sprintf("httptx killloop %s: kills=%d (random=%d pre-commit=%d post-commit=%d pause-missed=%d) orders=%d (sent twice at once %d) attempts=%d (answered %s, unanswered %d) replies-dropped=%d forward-errors=%d orders-retried=%d orders-called-again=%d final-replays=%d keys-completed=%d interrupted=%d pending=%d violations=%d time=%v",
+		kind, kills, random, pre, post, missed, orders, dups, attempts+unanswered, statuses, unanswered, proxy.dropped.Load(), proxy.lost.Load(),
 		retries, recalls, replays, states[backend.StateCompleted], states[backend.StateInterrupted], states[backend.StatePending], len(violations), time.Since(start).Round(time.Millisecond))
 	t.Log(line)
 	fmt.Println(line)
@@ -410,11 +418,12 @@ type httpTxClientsRun struct {
 // An httpTxOrderRun is what one order's client saw.
 type httpTxOrderRun struct {
 	order      string
-	tries      int           // the client's calls (each is the Transport's attempts)
+	senders    int           // the callers sending it at once
+	tries      int           // the callers' calls (each is the Transport's attempts)
 	unanswered int           // attempts that got no answer (a reply lost, a server killed)
 	attempts   []httpTxReply // every answer the Transport got, retried ones included
-	final      httpTxReply   // the answer the client's last call returned
-	err        error         // no answer within httpTxOrderBy
+	finals     []httpTxReply // the answer each sender's last call returned
+	errs       []error       // a sender with no answer within httpTxOrderBy
 }
 
 type httpTxReply struct {
@@ -442,11 +451,25 @@ func (cr *httpTxClientsRun) run(client int) {
 			return
 		default:
 		}
-		o := &httpTxOrderRun{order: fmt.Sprintf("c%d-%d", client, n)}
+		// One order in httpTxTwice is sent by two callers at once, as a
+		// client that lost patience and a second instance of it would: the
+		// second waits for the first's transaction, or runs if it rolled back.
+		o := &httpTxOrderRun{order: fmt.Sprintf("c%d-%d", client, n), senders: 1}
+		if n%httpTxTwice == httpTxTwice-1 {
+			o.senders = 2
+		}
 		cr.mu.Lock()
 		cr.orders[o.order] = o
 		cr.mu.Unlock()
-		cr.send(o, fmt.Sprintf(`{"order":%q,"amount":%d}`, o.order, 100+n))
+		var wg sync.WaitGroup
+		for range o.senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cr.send(o, fmt.Sprintf(`{"order":%q,"amount":%d}`, o.order, 100+n))
+			}()
+		}
+		wg.Wait()
 	}
 }
 
@@ -486,7 +509,7 @@ func (cr *httpTxClientsRun) send(o *httpTxOrderRun, body string) {
 			default:
 				cancel()
 				cr.mu.Lock()
-				o.final = httpTxReply{status: resp.StatusCode, body: string(b), replayed: resp.Header.Get(idemhttp.ReplayedHeader) == "true"}
+				o.finals = append(o.finals, httpTxReply{status: resp.StatusCode, body: string(b), replayed: resp.Header.Get(idemhttp.ReplayedHeader) == "true"})
 				cr.mu.Unlock()
 				return
 			}
@@ -494,7 +517,7 @@ func (cr *httpTxClientsRun) send(o *httpTxOrderRun, body string) {
 		cancel()
 		if time.Now().After(deadline) || cr.ctx.Err() != nil {
 			cr.mu.Lock()
-			o.err = err
+			o.errs = append(o.errs, err)
 			cr.mu.Unlock()
 			return
 		}

@@ -34,7 +34,29 @@ type operation struct {
 	// record records a step durably under the claim, fenced by its token;
 	// nil when steps are not recorded (no Stepper, or Options.Resume off).
 	record func(ctx context.Context, s backend.Step) error
+
+	// ctx is the execution's context, which carries the operation: kept
+	// in it so that a new key pays for one object, not two.
+	ctx opContext
 }
+
+// An opContext is its parent with op under operationKey, as
+// context.WithValue would make it. Everything else (deadline,
+// cancellation, the other values) is its parent's, so that the context
+// package still finds a cancellable parent through it without a goroutine.
+type opContext struct {
+	context.Context
+	op *operation
+}
+
+func (c *opContext) Value(key any) any {
+	if _, ok := key.(operationKey); ok {
+		return c.op
+	}
+	return c.Context.Value(key)
+}
+
+func (c *opContext) String() string { return "idem.operation" }
 
 // A stepCall is one step of this run: the first call of a name runs it,
 // and the others wait for it (as with singleflight) and share its outcome.
@@ -72,7 +94,8 @@ func (op *operation) end() { op.ended.Store(true) }
 // withOperation returns ctx carrying a new operation for key.
 func (s *Store[R]) withOperation(ctx context.Context, key string) (context.Context, *operation) {
 	op := &operation{key: key, codec: s.opts.Codec}
-	return context.WithValue(ctx, operationKey{}, op), op
+	op.ctx = opContext{Context: ctx, op: op}
+	return &op.ctx, op
 }
 
 // resumeWith lets op record steps under claim, each write bounded by

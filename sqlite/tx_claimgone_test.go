@@ -14,7 +14,7 @@ import (
 // without the key: the outcome's UPDATE then changes no row, and the whole
 // transaction rolls back.
 func TestRunOnceTxFnDeletesItsClaim(t *testing.T) {
-	s, _, rows := hostileStore(t, idem.Options{})
+	s, _, rows := movesStore(t, idem.Options{})
 	ctx := context.Background()
 	_, err := RunOnceTx(ctx, s, "k", "p", func(ctx context.Context, tx *sql.Tx) (int, error) {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO moves (note) VALUES ('a')`); err != nil {

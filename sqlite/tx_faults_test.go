@@ -20,9 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// hostileStore returns a store over a new file with the caller's moves
+// movesStore returns a store over a new file with the caller's moves
 // table, and a func counting its rows.
-func hostileStore(t *testing.T, opts idem.Options) (*idem.Store[int], *Backend, func() int) {
+func movesStore(t *testing.T, opts idem.Options) (*idem.Store[int], *Backend, func() int) {
 	t.Helper()
 	b, _ := testBackend(t)
 	_, err := b.db.Exec(stockTable)
@@ -53,7 +53,7 @@ func returnsWithin(done <-chan struct{}, d time.Duration) bool {
 // own, which the Goexit ends: the outcome is still sent, from a deferred
 // call.
 func TestHostileSQLiteGoexitWithCancellableCtx(t *testing.T) {
-	s, _, rows := hostileStore(t, idem.Options{})
+	s, _, rows := movesStore(t, idem.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan struct{})
@@ -116,7 +116,7 @@ func TestHostileSQLiteMaxOpenConnsOne(t *testing.T) {
 func TestHostileSQLiteAutoRollbackInFnCommitsNothing(t *testing.T) {
 	for _, final := range []bool{false, true} {
 		t.Run(fmt.Sprintf("final=%v", final), func(t *testing.T) {
-			s, b, rows := hostileStore(t, idem.Options{})
+			s, b, rows := movesStore(t, idem.Options{})
 			_, err := b.db.Exec(`CREATE TRIGGER no_bad BEFORE INSERT ON moves WHEN NEW.note = 'bad'
 BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END`)
 			require.NoError(t, err)
@@ -154,7 +154,7 @@ BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END`)
 // the write semaphore that RunOnceTx holds until fn returns: it is refused
 // (backend.ErrRefused), as bolt refuses it.
 func TestHostileSQLiteNestedCallInsideRunOnceTx(t *testing.T) {
-	s, _, _ := hostileStore(t, idem.Options{ExecutionTimeout: 2 * time.Second})
+	s, _, _ := movesStore(t, idem.Options{ExecutionTimeout: 2 * time.Second})
 	var inner error
 	start := time.Now()
 	_, err := RunOnceTx(context.Background(), s, "outer", "p", func(ctx context.Context, tx *sql.Tx) (int, error) {
@@ -291,7 +291,7 @@ func TestHostileSQLiteDuplicateInAnotherProcessPastBusyTimeout(t *testing.T) {
 // interrupted, which Forget clears, never a claim in progress for ever.
 func TestHostileSQLiteFnCommittingTxStrandsNothing(t *testing.T) {
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
-	s, b, _ := hostileStore(t, idem.Options{Now: clock.Now})
+	s, b, _ := movesStore(t, idem.Options{Now: clock.Now})
 	ctx := context.Background()
 	_, err := RunOnceTx(ctx, s, "k", "p", func(ctx context.Context, tx *sql.Tx) (int, error) {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO moves (note) VALUES ('k')`); err != nil {

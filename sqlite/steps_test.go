@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// hsStepOnce leaves key at a recovery point: step "a" recorded, then an
+// atRecoveryPoint leaves key at a recovery point: step "a" recorded, then an
 // ordinary error.
-func hsStepOnce(t *testing.T, s *idem.Store[string], key string) {
+func atRecoveryPoint(t *testing.T, s *idem.Store[string], key string) {
 	t.Helper()
 	_, err := s.RunOnce(context.Background(), key, "p", func(ctx context.Context) (string, error) {
 		if _, err := idem.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
@@ -29,15 +29,16 @@ func hsStepOnce(t *testing.T, s *idem.Store[string], key string) {
 }
 
 // sqlite takes its instants from the Store's clock (Options.Now): with an
-// injected clock that does not move on its own, the "lapse the lease now"
-// renewal to 1ns after an ordinary error never lapses, and the retry waits
-// for a key nobody holds until its ctx ends.
+// injected clock that does not move on its own, the retry after an
+// ordinary error resumes at once. A "lapse the lease now" renewal to 1ns
+// would never lapse on that clock, and the retry would wait for a key
+// nobody holds until its ctx ended.
 func TestHostileSqliteResumeAfterErrorWithFakeClock(t *testing.T) {
 	b, _ := testBackend(t)
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	s := idem.New[string](idem.Options{Backend: b, Resume: true, Now: clock.Now})
 	defer s.Close()
-	hsStepOnce(t, s, "k")
+	atRecoveryPoint(t, s, "k")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	got, err := s.RunOnce(ctx, "k", "p", func(ctx context.Context) (string, error) {
@@ -64,7 +65,7 @@ func TestHostileSqliteTwoHandlesResumeAtOnce(t *testing.T) {
 	defer s1.Close()
 	s2 := idem.New[string](idem.Options{Backend: b2, Resume: true})
 	defer s2.Close()
-	hsStepOnce(t, s1, "k")
+	atRecoveryPoint(t, s1, "k")
 	var aRuns, bRuns atomic.Int32
 	fn := func(ctx context.Context) (string, error) {
 		a, err := idem.Step(ctx, "a", func(context.Context) (int, error) { aRuns.Add(1); return 9, nil })

@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"errors"
+	"maps"
 	"net/http"
 )
 
@@ -45,15 +46,30 @@ func (r *recorder) refuse(err error) {
 
 // send writes a held response to the client once its transaction has
 // committed, or once it has rolled back and the response is one not
-// remembered (a 5xx): its status, every header the handler set (not only
-// those remembered: a cookie goes to the first client, never to a replay),
-// its body, and the trailers as net/http sends them, from the headers as
-// the handler left them. A client gone by then is the lost reply a retry
+// remembered (a 5xx), as net/http would have sent it unheld: its status,
+// every header the handler set (not only those remembered: a cookie goes
+// to the first client, never to a replay) as they stood when it called
+// WriteHeader, its body, and the trailers, from the headers as the
+// handler left them. A client gone by then is the lost reply a retry
 // replays.
 func (r *recorder) send(status int) {
+	h := r.w.Header()
+	var final http.Header
+	if r.header != nil {
+		// A header set after WriteHeader is not sent, and a declared
+		// trailer's value set after it is a trailer only, as net/http
+		// would have it had WriteHeader reached it.
+		final = h.Clone()
+		clear(h)
+		maps.Copy(h, r.header)
+	}
 	r.w.WriteHeader(status)
 	if len(r.resp.Body) > 0 {
 		_, _ = r.w.Write(r.resp.Body)
+	}
+	if final != nil { // net/http reads the trailers' values from it once the handler returns
+		clear(h)
+		maps.Copy(h, final)
 	}
 }
 

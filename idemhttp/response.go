@@ -147,6 +147,7 @@ type recorder struct {
 	// maxBody) is refused, and refused says why.
 	held    bool
 	refused error
+	header  http.Header // held: the headers as they stood at WriteHeader, which net/http would have sent
 
 	before   http.Header // the headers set before the handler ran (outer middleware's): not the handler's to remember
 	declared int64       // the Content-Length the response was sent with; -1 if none
@@ -201,6 +202,7 @@ func (r *recorder) WriteHeader(code int) {
 		}
 		r.keepDeclared()
 		r.keepHeaders()
+		r.header = r.w.Header().Clone()
 		r.resp.Status = code
 		return
 	}

@@ -75,6 +75,7 @@ func Run(t *testing.T, h Harness) {
 	}{
 		{"SuccessCommitsAndRetryReplaysByteForByte", testSuccess},
 		{"DifferentPayloadIs422", testPayloadMismatch},
+		{"HeadersAsNetHTTPSendsThem", testHeadersAsSent},
 		{"FlushIsRefusedAtOnce", testFlush},
 		{"FlushErrorIsRefusedAtOnce", testFlushError},
 		{"HijackIsRefused", testHijack},
@@ -285,6 +286,35 @@ func testPayloadMismatch(t *testing.T, h Harness) {
 	assert.Equal(t, http.StatusUnprocessableEntity, r.StatusCode, r.body)
 	assert.Equal(t, int32(1), srv.runs.Load())
 	assert.Equal(t, 1, f.Charges())
+}
+
+// testHeadersAsSent: the response held until the commit goes out as
+// net/http would have sent it unheld, and as it is replayed: a header set
+// after WriteHeader is not sent, and a declared trailer is a trailer, not
+// a header too.
+func testHeadersAsSent(t *testing.T, h Harness) {
+	f := h.New(t, idem.Options{})
+	srv := serve(t, h, f.Store, idemhttp.Options{}, nil, func(_ int32, w http.ResponseWriter, r *http.Request) {
+		if _, err := f.Charge(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Trailer", "X-Sum")
+		w.Header().Set("X-Early", "sent")
+		w.WriteHeader(http.StatusCreated)
+		w.Header().Set("X-Late", "set after WriteHeader")
+		_, _ = io.WriteString(w, "charged")
+		w.Header().Set("X-Sum", "c0ffee")
+	})
+	for i, r := range []reply{mustPost(t, srv.URL, "k", "p"), mustPost(t, srv.URL, "k", "p")} {
+		assert.Equal(t, http.StatusCreated, r.StatusCode, r.body)
+		assert.Equal(t, "charged", r.body)
+		assert.Equal(t, "sent", r.Header.Get("X-Early"), "response %d", i)
+		assert.Empty(t, r.Header.Values("X-Late"), "response %d: net/http ignores a header set after WriteHeader", i)
+		assert.Empty(t, r.Header.Values("X-Sum"), "response %d: the trailer is not a header", i)
+		assert.Equal(t, "c0ffee", r.Trailer.Get("X-Sum"), "response %d", i)
+	}
+	assert.Equal(t, int32(1), srv.runs.Load())
 }
 
 // refusedRun is a first run that charges, then does what cannot be held;

@@ -18,14 +18,16 @@ import (
 	"github.com/seed094d4201/idem/postgres"
 )
 
-func rvRun(args ...string) (int, string, string) {
+// runCLI runs the command line args and returns its exit code, stdout and
+// stderr.
+func runCLI(args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
 	code := run(args, &out, &errb, time.Now().Add(time.Hour))
 	return code, out.String(), errb.String()
 }
 
-// rvFile makes a bolt file with the given keys interrupted.
-func rvFile(t *testing.T, keys ...string) string {
+// interruptedFile makes a bolt file with the given keys interrupted.
+func interruptedFile(t *testing.T, keys ...string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "idem.db")
 	b, err := bolt.Open(path, nil)
@@ -59,8 +61,8 @@ func shellWords(t *testing.T, line string) []string {
 func TestHostileSuggestedCommandsRun(t *testing.T) {
 	for _, key := range []string{"a b'c\"$HOME", "-k", "-json", "--", "-name=x"} {
 		t.Run(key, func(t *testing.T) {
-			path := rvFile(t, key)
-			code, out, errs := rvRun("show", path, "--", key)
+			path := interruptedFile(t, key)
+			code, out, errs := runCLI("show", path, "--", key)
 			if code != 0 {
 				t.Fatalf("show %q: %d %s", key, code, errs)
 			}
@@ -71,7 +73,7 @@ func TestHostileSuggestedCommandsRun(t *testing.T) {
 				}
 			}
 			words := shellWords(t, forget)
-			code, _, errs = rvRun(words[1:]...)
+			code, _, errs = runCLI(words[1:]...)
 			if code != 0 {
 				t.Errorf("suggested %s -> exit %d: %s", forget, code, firstLine(errs))
 			}
@@ -83,8 +85,8 @@ func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
 
 // `--` ends the flags for one argument only.
 func TestHostileDoubleDash(t *testing.T) {
-	path := rvFile(t, "-k")
-	code, _, errs := rvRun("--", "show", path, "-k")
+	path := interruptedFile(t, "-k")
+	code, _, errs := runCLI("--", "show", path, "-k")
 	t.Logf("idem -- show FILE -k: %d %s", code, firstLine(errs))
 	if code == 2 {
 		t.Errorf("after --, -k was parsed as a flag")
@@ -93,7 +95,7 @@ func TestHostileDoubleDash(t *testing.T) {
 
 // Exit codes.
 func TestHostileExitCodes(t *testing.T) {
-	path := rvFile(t, "m3")
+	path := interruptedFile(t, "m3")
 	for _, tc := range []struct {
 		args []string
 		want int
@@ -111,7 +113,7 @@ func TestHostileExitCodes(t *testing.T) {
 		{[]string{"resolve", path, "m3", "-result", "1"}, 0},
 		{[]string{"resolve", path, "m3", "-result", "1"}, 1},
 	} {
-		code, _, errs := rvRun(tc.args...)
+		code, _, errs := runCLI(tc.args...)
 		if code != tc.want {
 			t.Errorf("%q: exit %d, want %d: %s", tc.args, code, tc.want, firstLine(errs))
 		}
@@ -120,14 +122,14 @@ func TestHostileExitCodes(t *testing.T) {
 
 // A read-only command on a file a service holds: fails fast, names the cause.
 func TestHostileBoltHeld(t *testing.T) {
-	path := rvFile(t, "m3")
+	path := interruptedFile(t, "m3")
 	b, err := bolt.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
 	start := time.Now()
-	code, _, errs := rvRun("inspect", path)
+	code, _, errs := runCLI("inspect", path)
 	t.Logf("%d in %v: %s", code, time.Since(start), firstLine(errs))
 	if code != 1 || time.Since(start) > 3*time.Second || !strings.Contains(errs, "running") {
 		t.Errorf("inspect of a held file: %d %s", code, errs)
@@ -164,7 +166,7 @@ func TestHostileHangingServersAndPasswords(t *testing.T) {
 		"postgres://u:hun%zzter2@" + addr + "/db",
 	} {
 		start := time.Now()
-		code, out, errs := rvRun("inspect", where, "-timeout", "700ms")
+		code, out, errs := runCLI("inspect", where, "-timeout", "700ms")
 		took := time.Since(start)
 		t.Logf("%s -> %d in %v: %s", where, code, took.Round(time.Millisecond), firstLine(errs))
 		if took > 3*time.Second {
@@ -176,9 +178,9 @@ func TestHostileHangingServersAndPasswords(t *testing.T) {
 	}
 }
 
-// resolve judges the lease by the operator's host clock, not the shared
-// backend's: with a clock ahead of the server's, it resolves a key whose
-// owner is alive and holds a live lease.
+// resolve judges the lease by the shared backend's clock, not the
+// operator's host clock: with a clock ahead of the server's, it does not
+// resolve a key whose owner is alive and holds a live lease.
 func TestHostileResolveLiveKeyUnderSkew(t *testing.T) {
 	dsn := svctest.Postgres(t)
 	ctx := context.Background()

@@ -14,9 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// show on a key whose steps hold binary values, a hostile name and a
-// final error with terminal escapes: text output quotes everything (no raw
-// control bytes reach the terminal), and -json gives the value as hex.
+// show on a key whose steps hold binary values, a name with control bytes
+// and a final error with terminal escapes: text output quotes everything
+// (no raw control bytes reach the terminal), and -json gives the value as
+// hex.
 func TestHostileShowBinarySteps(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "steps.bolt")

@@ -60,11 +60,19 @@
 //
 // Contexts: every Backend call returns once its ctx ends, whatever the
 // client's options, even against a server that never answers (go-redis
-// alone would wait for its socket timeouts). A command the backend stops
-// waiting for goes on in the background until the client gives up on it;
-// set ContextTimeoutEnabled so that go-redis ends it at ctx's deadline too
-// and frees its connection. A call whose ctx had already ended is refused
-// (backend.ErrRefused): nothing is sent. An unreachable server is answered
+// alone would wait for its socket timeouts). On a single-node client the
+// backend's commands end at their ctx's deadline, as with
+// ContextTimeoutEnabled, whether the client has it or not, and run in the
+// caller's goroutine; on a Cluster or Ring client they do so if it has
+// ContextTimeoutEnabled. A call whose ctx can be cancelled but has no
+// deadline (or whose deadline the client does not honour) is waited on
+// from a goroutine of its own, which it leaves when ctx ends: the command
+// goes on in the background until the client gives up on it (its socket
+// timeouts). go-redis never ends a command at a cancellation, so a call
+// under a deadline that is cancelled before it ends at its answer, at the
+// deadline or at the client's ReadTimeout, whichever comes first. A call
+// whose ctx had already ended is refused (backend.ErrRefused): nothing is
+// sent. An unreachable server is answered
 // with go-redis's connection error once the client's own retries are
 // spent (MaxRetries, DialerRetries, DialerRetryTimeout: up to about 2 s
 // with the defaults). Each, for inspection, is the exception: its SCAN
@@ -105,8 +113,16 @@ type Options struct {
 // Backend is an backend.Backend over Redis. It is safe for concurrent use by
 // many goroutines and processes.
 type Backend struct {
-	rdb    redis.UniversalClient
-	prefix string
+	rdb redis.UniversalClient
+	// deadlines: the commands the calls send end at their ctx's deadline;
+	// divert: by deadlineHook's view, which sends an *evalCmd
+	// (honourDeadlines).
+	deadlines, divert bool
+	// routed: rdb routes commands by key (a Cluster or a Ring).
+	routed bool
+	// lease and ttl box the last lease and TTL the calls passed.
+	lease, ttl msArg
+	prefix     string
 	// legacyIndex is the sorted set of completed keys by expiry that
 	// releases before this one wrote on every Complete; Sweep deletes it
 	// if it is one, and stops looking once it has found none.
@@ -125,7 +141,11 @@ var (
 
 // New returns a Backend over rdb. The caller keeps ownership of rdb. New
 // adds a hook to rdb (AddHook) that watches its dials, so that a call can
-// tell an unreachable server from a slow one.
+// tell an unreachable server from a slow one. On a single-node client
+// without ContextTimeoutEnabled it adds one more, which sends the
+// backend's own commands through a copy of the client with that option,
+// sharing its connections: hooks added to rdb before New see those
+// commands, hooks added after it do not.
 //
 // Unless opts.AllowEviction, claims are refused (ErrEvicting) while a
 // primary's maxmemory-policy is not noeviction: New sends nothing, so the
@@ -149,6 +169,9 @@ func New(rdb redis.UniversalClient, opts Options) *Backend {
 	dials := new(dialWatch)
 	rdb.AddHook(dials)
 	b := &Backend{rdb: rdb, prefix: prefix, legacyIndex: prefix + "expiry", dials: dials}
+	b.deadlines, b.divert = honourDeadlines(rdb)
+	_, single := rdb.(*redis.Client)
+	b.routed = !single
 	if !opts.AllowEviction {
 		b.policy = new(policyCheck)
 	}
@@ -305,7 +328,7 @@ var (
 	// KEYS[1] key; ARGV[1] token, ARGV[2] lease (ms), ARGV[3] binary
 	// record. Claims the key if it is free (Redis has dropped an expired
 	// record), and returns now; else returns the standing record, seen.
-	claimScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+	claimScript = newScript(`local v = redis.call('GET', KEYS[1])
 if v then
 ` + luaSeen + `end
 ` + luaNow + `local lease = 0
@@ -314,7 +337,7 @@ redis.call('SET', KEYS[1], '1|' .. lease .. '|' .. ARGV[1] .. '|' .. now .. '|' 
 return now`)
 
 	// KEYS[1] key. Returns the record, seen, or nil.
-	getScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+	getScript = newScript(`local v = redis.call('GET', KEYS[1])
 if not v then return nil end
 ` + luaSeen)
 
@@ -329,7 +352,7 @@ if not v then return nil end
 	// holds: every binary record starts with its version, state, key
 	// length, key and then the 32 bytes of fingerprint, which are copied
 	// from the stored record into the new one.
-	completeScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+	completeScript = newScript(`local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local st, tok, created, e = string.match(v, '^(%d)|%d*|([^|]*)|(%d*)|?()')
 if tok ~= ARGV[1] or st == '2' then return 0 end
@@ -343,7 +366,7 @@ redis.call('SET', KEYS[1], '2|0|' .. tok .. '|' .. created .. '|' .. n .. rec ..
 return 1`)
 
 	// KEYS[1] key; ARGV[1] token.
-	releaseScript = redis.NewScript(`
+	releaseScript = newScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local st, _, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
@@ -353,7 +376,7 @@ return 1`)
 
 	// KEYS[1] key; ARGV[1] token, ARGV[2] lease (ms). A lapsed lease is
 	// renewed too: its owner is alive (backend.Backend).
-	renewScript = redis.NewScript(luaNow + `
+	renewScript = newScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local _, e, st, lease, tok = string.find(v, '^(%d)|(%d*)|([^|]*)|')
@@ -362,7 +385,7 @@ redis.call('SET', KEYS[1], '1|' .. (now + tonumber(ARGV[2])) .. '|' .. tok .. '|
 return 1`)
 
 	// KEYS[1] key. Refuses a pending record whose lease holds.
-	forgetScript = redis.NewScript(luaNow + `
+	forgetScript = newScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 1 end
 local st, lease = string.match(v, '^(%d)|(%d*)|')
@@ -374,8 +397,18 @@ return 1`)
 // Claim claims rec.Key, judging leases and expiry by the server's clock;
 // now is ignored.
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
-	// A ctx that had ended is refused (bound): nothing is sent, so the
-	// Store need not read the claim back.
+	// A ctx that had ended is refused: nothing is sent, so the Store need
+	// not read the claim back. The call is made here, not in a closure
+	// given to bounded, so that it allocates none.
+	direct, err := b.direct(ctx)
+	switch {
+	case err != nil:
+		return backend.Record{}, false, err
+	case direct:
+		start := time.Now()
+		rec, won, err := b.claim(ctx, rec, lease)
+		return rec, won, b.after(ctx, start, err)
+	}
 	f, err := bound(ctx, b.dials, func(ctx context.Context) (found, error) {
 		rec, won, err := b.claim(ctx, rec, lease)
 		return found{rec, won}, err
@@ -384,9 +417,12 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 }
 
 func (b *Backend) claim(ctx context.Context, rec backend.Record, lease time.Duration) (backend.Record, bool, error) {
-	if b.policy != nil {
-		if err := b.policy.check(ctx, b.rdb); err != nil {
-			return backend.Record{}, false, err // refused: the claim was not sent
+	if b.policy != nil && b.policy.due() {
+		// Read from a goroutine of its own (bound): the policy's commands
+		// are not the backend's own, which alone end at ctx's deadline
+		// (deadlineHook), and it is read once a minute at most.
+		if err := bound0(ctx, b.dials, func(ctx context.Context) error { return b.policy.check(ctx, b.rdb) }); err != nil {
+			return backend.Record{}, false, backend.Refuse(err) // the claim was not sent
 		}
 	}
 	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StatePending})
@@ -396,7 +432,7 @@ func (b *Backend) claim(ctx context.Context, rec backend.Record, lease time.Dura
 	if strings.ContainsRune(rec.Token, '|') {
 		return backend.Record{}, false, fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
 	}
-	reply, err := run(ctx, claimScript, b.rdb, []string{b.key(rec.Key)}, rec.Token, millis(lease), enc).Result()
+	reply, err := b.run(ctx, b.evalRecord(claimScript, rec.Key).arg(rec.Token).arg(b.lease.of(lease, 0)).record(enc)).Result()
 	if err != nil {
 		return backend.Record{}, false, err
 	}
@@ -427,6 +463,14 @@ func decodeSeen(key string, reply any) (backend.Record, error) {
 // record keeps the fingerprint it was claimed with, which the script copies
 // into the encoding sent here, whatever rec.Fingerprint holds.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
+	direct, err := b.direct(ctx)
+	switch {
+	case err != nil:
+		return err
+	case direct:
+		start := time.Now()
+		return b.after(ctx, start, b.complete(ctx, rec, ttl))
+	}
 	return bound0(ctx, b.dials, func(ctx context.Context) error { return b.complete(ctx, rec, ttl) })
 }
 
@@ -436,27 +480,36 @@ func (b *Backend) complete(ctx context.Context, rec backend.Record, ttl time.Dur
 	if err != nil {
 		return err
 	}
-	n, err := run(ctx, completeScript, b.rdb, []string{b.key(rec.Key)}, rec.Token, enc, max(millis(ttl), 1)).Int64()
+	n, err := b.run(ctx, b.evalRecord(completeScript, rec.Key).arg(rec.Token).record(enc).arg(b.ttl.of(ttl, 1))).Int64()
 	return backend.Owned(n, err, rec.Key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	return bound0(ctx, b.dials, func(ctx context.Context) error {
-		n, err := run(ctx, releaseScript, b.rdb, []string{b.key(key)}, token).Int64()
+	return bounded0(b, ctx, func(ctx context.Context) error {
+		n, err := b.run(ctx, b.evalRecord(releaseScript, key).arg(token)).Int64()
 		return backend.Owned(n, err, key)
 	})
 }
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
-	return bound0(ctx, b.dials, func(ctx context.Context) error {
-		n, err := run(ctx, renewScript, b.rdb, []string{b.key(key)}, token, millis(lease)).Int64()
+	return bounded0(b, ctx, func(ctx context.Context) error {
+		n, err := b.run(ctx, b.evalRecord(renewScript, key).arg(token).arg(b.lease.of(lease, 0))).Int64()
 		return backend.Owned(n, err, key)
 	})
 }
 
 // Get returns key's record as the server's clock sees it.
 func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
+	direct, err := b.direct(ctx)
+	switch {
+	case err != nil:
+		return backend.Record{}, false, err
+	case direct:
+		start := time.Now()
+		rec, ok, err := b.get(ctx, key)
+		return rec, ok, b.after(ctx, start, err)
+	}
 	f, err := bound(ctx, b.dials, func(ctx context.Context) (found, error) {
 		rec, ok, err := b.get(ctx, key)
 		return found{rec, ok}, err
@@ -465,7 +518,7 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 }
 
 func (b *Backend) get(ctx context.Context, key string) (backend.Record, bool, error) {
-	reply, err := run(ctx, getScript, b.rdb, []string{b.key(key)}).Result()
+	reply, err := b.run(ctx, b.evalRecord(getScript, key)).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return backend.Record{}, false, nil
@@ -478,11 +531,11 @@ func (b *Backend) get(ctx context.Context, key string) (backend.Record, bool, er
 
 // Forget judges the lease by the server's clock.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
-	return bound0(ctx, b.dials, func(ctx context.Context) error { return b.forget(ctx, key) })
+	return bounded0(b, ctx, func(ctx context.Context) error { return b.forget(ctx, key) })
 }
 
 func (b *Backend) forget(ctx context.Context, key string) error {
-	n, err := run(ctx, forgetScript, b.rdb, []string{b.key(key)}).Int()
+	n, err := b.run(ctx, b.evalRecord(forgetScript, key)).Int()
 	switch {
 	case err != nil:
 		return err
@@ -504,8 +557,8 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 	if b.legacyGone.Load() {
 		return 0, nil
 	}
-	return 0, bound0(ctx, b.dials, func(ctx context.Context) error {
-		n, err := run(ctx, unlinkLegacyScript, b.rdb, []string{b.legacyIndex}).Int()
+	return 0, bounded0(b, ctx, func(ctx context.Context) error {
+		n, err := b.run(ctx, eval(unlinkLegacyScript, b.legacyIndex)).Int()
 		if err == nil && n == 0 {
 			b.legacyGone.Store(true)
 		}
@@ -516,7 +569,7 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 // unlinkLegacyScript deletes the legacy index only if it is a sorted set:
 // a key of the application's own under the same prefix is left alone
 // (helper-38: Sweep deleted a hash named <prefix>expiry every minute).
-var unlinkLegacyScript = redis.NewScript(`if redis.call('TYPE', KEYS[1]).ok == 'zset' then
+var unlinkLegacyScript = newScript(`if redis.call('TYPE', KEYS[1]).ok == 'zset' then
   return redis.call('UNLINK', KEYS[1])
 end
 return 0`)

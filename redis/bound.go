@@ -10,21 +10,67 @@ import (
 	"github.com/seed094d4201/idem/backend"
 )
 
-// bound runs call, which sends commands on the backend's client under ctx,
-// and returns its answer, or ctx's error as soon as ctx ends, whichever
-// comes first: every Backend call is bounded by its ctx. go-redis ends a
-// command's socket read or write at ctx's deadline only on a client with
-// ContextTimeoutEnabled, and at a cancellation never; otherwise its socket
-// timeouts decide, seconds after a caller's ctx has ended. The backend is
-// handed its caller's client, whose options it cannot change, so it waits
-// on ctx itself.
+// bounded runs call, which sends commands on the backend's client under
+// ctx, and returns its answer, or ctx's error once ctx ends: every Backend
+// call is bounded by its ctx.
+//
+// go-redis ends a command's socket read or write at ctx's deadline on a
+// client with ContextTimeoutEnabled (the backend's client is such a view
+// of the caller's single-node client: see deadlineView), and at a
+// cancellation never. So a call runs in the caller's goroutine, with no
+// hand-off, when its ctx has a deadline the client honours, or cannot end
+// at all; only a ctx that can be cancelled and has no deadline (or one the
+// client ignores) has its call waited on from a goroutine of its own
+// (bound), which the caller leaves at the cancellation.
+//
+// A call whose ctx had ended before it started is refused
+// (backend.Refuse): nothing was sent.
+func bounded[T any](b *Backend, ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	direct, err := b.direct(ctx)
+	switch {
+	case err != nil:
+		var zero T
+		return zero, err
+	case direct:
+		start := time.Now()
+		v, err := call(ctx)
+		return v, b.after(ctx, start, err)
+	}
+	return bound(ctx, b.dials, call)
+}
+
+// bounded0 is bounded for a call that returns only an error.
+func bounded0(b *Backend, ctx context.Context, call func(context.Context) error) error {
+	_, err := bounded(b, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, call(ctx) })
+	return err
+}
+
+// ended returns err, or, when ctx has ended and err is no answer of the
+// server's (go-redis's i/o timeout at ctx's deadline, its dial or pool
+// wait cut short), ctx's error wrapping it: the call's fate is unknown,
+// as a lost reply's.
+func ended(ctx context.Context, err error) error {
+	cerr := ctx.Err()
+	if err == nil || cerr == nil || errors.Is(err, cerr) {
+		return err
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return err
+	}
+	return fmt.Errorf("redis: no answer before ctx ended: %w: %w", cerr, err)
+}
+
+// bound runs call, and returns its answer, or ctx's error as soon as ctx
+// ends, whichever comes first, by waiting for it from a goroutine of its
+// own: go-redis alone would wait for its socket timeouts, seconds after
+// a cancelled ctx ended.
 //
 // A call whose ctx had ended before it started is refused
 // (backend.Refuse): nothing was sent. A call it stops waiting for goes on
 // in a goroutine until go-redis answers or gives up (its socket timeouts),
 // and may still land: the Store settles that by the claim's token, as it
-// does a lost reply. Calls under a ctx that never ends run in the caller's
-// goroutine.
+// does a lost reply.
 //
 // A call whose ctx ends while the client's dials are being refused answers
 // the dial's error, not ctx's: the server is unreachable (dials, the
@@ -33,9 +79,6 @@ func bound[T any](ctx context.Context, dials *dialWatch, call func(context.Conte
 	var zero T
 	if err := ctx.Err(); err != nil {
 		return zero, backend.Refuse(err)
-	}
-	if ctx.Done() == nil {
-		return call(ctx)
 	}
 	start := time.Now()
 	type answer struct {
@@ -102,14 +145,49 @@ type found struct {
 	ok  bool
 }
 
-// run is script.Run without its allocation on success: go-redis's Run asks
-// HasErrorPrefix of every answer, nil included, and that allocates. A
-// script the server does not hold (NOSCRIPT: a restarted or flushed
-// server, a cold script cache) is sent whole, as Run sends it.
-func run(ctx context.Context, script *redis.Script, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
-	cmd := script.EvalSha(ctx, c, keys, args...)
-	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return script.Eval(ctx, c, keys, args...)
+// honourDeadlines makes the commands the backend sends on rdb end at
+// their ctx's deadline, and reports whether they do. A client with
+// ContextTimeoutEnabled does so already. A single-node client (a
+// Sentinel's too) without it is given a hook (deadlineHook) that sends
+// the backend's own commands, and no other, through a view of the client
+// with it: go-redis's WithTimeout, which shares the client's connection
+// pool, with the client's socket timeouts put back. A Cluster or Ring
+// client has no such view: its own option decides.
+func honourDeadlines(rdb redis.UniversalClient) (deadlines, divert bool) {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		opts := c.Options()
+		if opts.ContextTimeoutEnabled {
+			return true, false
+		}
+		view := c.WithTimeout(opts.ReadTimeout)
+		vopts := view.Options() // the view's own copy
+		vopts.WriteTimeout = opts.WriteTimeout
+		vopts.ContextTimeoutEnabled = true
+		c.AddHook(deadlineHook{view})
+		return true, true
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled, false
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled, false
 	}
-	return cmd
+	return false, false
+}
+
+// direct reports whether a call under ctx runs in the caller's goroutine
+// (bounded), or an error refusing it if ctx has ended.
+func (b *Backend) direct(ctx context.Context) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, backend.Refuse(err)
+	}
+	if ctx.Done() == nil {
+		return true, nil
+	}
+	_, ok := ctx.Deadline()
+	return ok && b.deadlines, nil
+}
+
+// after is the error of a call run in the caller's goroutine since start.
+func (b *Backend) after(ctx context.Context, start time.Time, err error) error {
+	return unreachable(ctx, b.dials, start, ended(ctx, err))
 }

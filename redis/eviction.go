@@ -50,6 +50,12 @@ type policyCheck struct {
 // policyEpoch is the origin of policyCheck.until's monotonic readings.
 var policyEpoch = time.Now()
 
+// due reports whether the policy is to be read before the next claim: no
+// pass holds.
+func (p *policyCheck) due() bool {
+	return time.Since(policyEpoch).Nanoseconds() >= p.until.Load()
+}
+
 // lapse ends the current pass, as policyRecheck's passing does.
 func (p *policyCheck) lapse() { p.until.Store(0) }
 

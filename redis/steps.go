@@ -17,7 +17,7 @@ var _ backend.Stepper = (*Backend)(nil)
 var (
 	// KEYS[1] key. Returns {value, the server's TIME: seconds,
 	// microseconds}, or nil if the key has no record.
-	readScript = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+	readScript = newScript(`local v = redis.call('GET', KEYS[1])
 if not v then return nil end
 local t = redis.call('TIME')
 return {v, t[1], t[2]}`)
@@ -27,7 +27,7 @@ return {v, t[1], t[2]}`)
 	// pending claim whose lease holds, -1 if it does but the value changed
 	// since it was read (a Renew, another step), else writes and returns 1.
 	// A pending record has no expiry, as Claim leaves it.
-	stepScript = redis.NewScript(luaNow + `
+	stepScript = newScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local st, lease, tok = string.match(v, '^(%d)|(%d*)|([^|]*)|')
@@ -44,7 +44,7 @@ return 1`)
 	// A repeat of a Resume that landed (a retry after a lost reply) finds
 	// its own live claim and returns it, as Claim does. The record has no
 	// expiry, as a claim's.
-	resumeScript = redis.NewScript(luaNow + `
+	resumeScript = newScript(luaNow + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local _, e, st, lease, tok = string.find(v, '^(%d)|(%d*)|([^|]*)|')
@@ -65,12 +65,12 @@ return v`)
 // the owner itself (a Renew, a concurrent step) is read again. now is
 // ignored.
 func (b *Backend) RecordStep(ctx context.Context, key, token string, step backend.Step, _ time.Time) error {
-	return bound0(ctx, b.dials, func(ctx context.Context) error { return b.recordStep(ctx, key, token, step) })
+	return bounded0(b, ctx, func(ctx context.Context) error { return b.recordStep(ctx, key, token, step) })
 }
 
 func (b *Backend) recordStep(ctx context.Context, key, token string, step backend.Step) error {
 	for {
-		reply, err := run(ctx, readScript, b.rdb, []string{b.key(key)}).Result()
+		reply, err := b.run(ctx, b.evalRecord(readScript, key)).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			return fmt.Errorf("%w: key %q has no record", backend.ErrNotOwner, key)
@@ -99,7 +99,7 @@ func (b *Backend) recordStep(ctx context.Context, key, token string, step backen
 		}
 		step.At = now
 		val.steps = string(backend.AppendSteps(nil, rec.WithStep(step).Steps))
-		n, err := run(ctx, stepScript, b.rdb, []string{b.key(key)}, old, token, val.String()).Int64()
+		n, err := b.run(ctx, b.evalRecord(stepScript, key).arg(old).arg(token).arg(val.String())).Int64()
 		switch {
 		case err != nil:
 			return err
@@ -130,14 +130,14 @@ func readReply(key string, reply any) (string, time.Time, error) {
 // Resume takes over key's interrupted record held by old, with a lease
 // after the server's now; now is ignored.
 func (b *Backend) Resume(ctx context.Context, key, old, token string, _ time.Time, lease time.Duration) (backend.Record, error) {
-	return bound(ctx, b.dials, func(ctx context.Context) (backend.Record, error) { return b.resume(ctx, key, old, token, lease) })
+	return bounded(b, ctx, func(ctx context.Context) (backend.Record, error) { return b.resume(ctx, key, old, token, lease) })
 }
 
 func (b *Backend) resume(ctx context.Context, key, old, token string, lease time.Duration) (backend.Record, error) {
 	if strings.ContainsRune(token, '|') {
 		return backend.Record{}, fmt.Errorf("redis: token %q holds '|', which the record header reserves", token)
 	}
-	reply, err := run(ctx, resumeScript, b.rdb, []string{b.key(key)}, old, token, millis(lease)).Result()
+	reply, err := b.run(ctx, b.evalRecord(resumeScript, key).arg(old).arg(token).arg(millis(lease))).Result()
 	if err != nil {
 		return backend.Record{}, err
 	}

@@ -48,12 +48,14 @@ import (
 //   - the store holds no interrupted key (nor a pending one): a kill left
 //     each key either committed whole or not at all.
 const (
-	httpTxClients  = 4
-	httpTxDropOne  = 4                      // the proxy loses one reply in this many
-	httpTxTwice    = 5                      // one order in this many is sent by two callers at once
-	httpTxMaxDelay = 400 * time.Millisecond // the most a child works before its kill is aimed
-	httpTxPauseBy  = 5 * time.Second        // a pause not reached by then: the child is killed where it is
-	httpTxOrderBy  = 60 * time.Second       // an order still unanswered by then is a violation
+	httpTxClients   = 4
+	httpTxDropOne   = 4                      // the proxy loses one reply in this many
+	httpTxTwice     = 5                      // one order in this many is sent by two callers at once
+	httpTxHangUpOne = 8                      // the proxy hangs up on the server for one request in this many
+	httpTxHangUpBy  = 20 * time.Millisecond  // within this long
+	httpTxMaxDelay  = 400 * time.Millisecond // the most a child works before its kill is aimed
+	httpTxPauseBy   = 5 * time.Second        // a pause not reached by then: the child is killed where it is
+	httpTxOrderBy   = 60 * time.Second       // an order still unanswered by then is a violation
 )
 
 func TestHTTPTxKillLoopPostgres(t *testing.T) {
@@ -168,6 +170,7 @@ func httpTxKillLoop(t *testing.T, kind, name, charges string) {
 	byOrder := map[string]*httpTxOrderRun{}
 
 	var attempts, unanswered, replays, retries, recalls, dups int
+	seen := map[int]bool{} // the statuses other than 2xx logged once
 	for _, o := range clients.all() {
 		byOrder[o.order] = o
 		attempts += len(o.attempts)
@@ -202,6 +205,9 @@ func httpTxKillLoop(t *testing.T, kind, name, charges string) {
 				violate("order %s: an attempt was answered 500: %q", o.order, a.body)
 			case a.status/100 == 2 && len(bodies) == 1 && a.body != bodies[0]:
 				violate("order %s: an attempt was answered %d %q, its committed answer is %q", o.order, a.status, a.body, bodies[0])
+			case a.status/100 != 2 && !seen[a.status]:
+				seen[a.status] = true
+				t.Logf("%s: order %s: an attempt was answered %d %q (retried)", kind, o.order, a.status, a.body)
 			}
 		}
 		delete(rows, o.order)
@@ -244,8 +250,8 @@ func httpTxKillLoop(t *testing.T, kind, name, charges string) {
 	}
 	statuses := clients.statusCounts()
 
-	line := fmt.Sprintf("httptx killloop %s: kills=%d (random=%d pre-commit=%d post-commit=%d pause-missed=%d) orders=%d (sent twice at once %d) attempts=%d (answered %s, unanswered %d) replies-dropped=%d forward-errors=%d orders-retried=%d orders-called-again=%d final-replays=%d keys-completed=%d interrupted=%d pending=%d violations=%d time=%v",
-		kind, kills, random, pre, post, missed, orders, dups, attempts+unanswered, statuses, unanswered, proxy.dropped.Load(), proxy.lost.Load(),
+	line := fmt.Sprintf("httptx killloop %s: kills=%d (random=%d pre-commit=%d post-commit=%d pause-missed=%d) orders=%d (sent twice at once %d) attempts=%d (answered %s, unanswered %d) replies-dropped=%d hung-up=%d forward-errors=%d orders-retried=%d orders-called-again=%d final-replays=%d keys-completed=%d interrupted=%d pending=%d violations=%d time=%v",
+		kind, kills, random, pre, post, missed, orders, dups, attempts+unanswered, statuses, unanswered, proxy.dropped.Load(), proxy.hungUp.Load(), proxy.lost.Load(),
 		retries, recalls, replays, states[backend.StateCompleted], states[backend.StateInterrupted], states[backend.StatePending], len(violations), time.Since(start).Round(time.Millisecond))
 	t.Log(line)
 	fmt.Println(line)
@@ -341,12 +347,14 @@ func (c *httpTxChild) pauseAt(t *testing.T, where string) (string, bool) {
 // A replyDropper is an HTTP proxy to target that forwards each request
 // whole and reads the server's whole answer, then loses one in
 // httpTxDropOne: it cuts the client's connection instead, as a network
-// would after the server did the work. A request the server never answers
-// (it was killed) has its connection cut too.
+// would after the server did the work. One request in httpTxHangUpOne
+// hangs up on the server within httpTxHangUpBy, as a client that gave up
+// would, and is cut. A request the server never answers (it was killed)
+// has its connection cut too.
 type replyDropper struct {
-	target        string
-	fwd           *http.Transport
-	dropped, lost atomic.Int64
+	target                string
+	fwd                   *http.Transport
+	dropped, hungUp, lost atomic.Int64
 }
 
 func (p *replyDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -355,7 +363,14 @@ func (p *replyDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cut(w)
 		return
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	if rand.IntN(httpTxHangUpOne) == 0 {
+		// The random instant picks where the hang-up lands; it orders nothing.
+		stop := time.AfterFunc(rand.N(httpTxHangUpBy), cancel)
+		defer stop.Stop()
+	}
+	out, err := http.NewRequestWithContext(ctx, r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
@@ -368,6 +383,10 @@ func (p *replyDropper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		resp.Body.Close()
 	}
 	switch {
+	case err != nil && ctx.Err() != nil && r.Context().Err() == nil:
+		p.hungUp.Add(1)
+		cut(w)
+		return
 	case err != nil:
 		p.lost.Add(1)
 		cut(w)

@@ -62,9 +62,16 @@
 //
 // # Connections
 //
-// Add interpolateParams=true to the DSN: the driver then sends each
-// statement as one query, not a prepare, an execute and a close, which
-// halves the round trips of every call (the backend's statements take
+// The statements of a new key and a replay (the claim and the outcome)
+// are prepared on the server once per connection and then run by their
+// handle: one round trip each, parsed once, whatever the DSN. A Backend
+// holds up to four such statements on each connection it has used, and
+// closes them once it is no longer referenced; a server at its
+// max_prepared_stmt_count gets them as plain queries for a while instead.
+// Add interpolateParams=true to the DSN for the other statements (a
+// renewal, a release, Forget, the sweep, a listing, RunOnceTx's): the
+// driver then sends each as one query, not a prepare, an execute and a
+// close, which halves their round trips (the backend's statements take
 // only numbers and bytes, which the driver escapes safely). The backend
 // works without it, and with any time_zone, loc or parseTime: it reads
 // instants as numbers. Any sql_mode will do, EMPTY_STRING_IS_NULL
@@ -128,6 +135,9 @@ type Backend struct {
 	// packet is the server's max_allowed_packet, in bytes, as New found
 	// it: no row larger can be written or read back.
 	packet int64
+	// prep holds the statements of a new key and a replay, prepared
+	// (prepared.go); nil sends them as plain queries.
+	prep *prepared
 }
 
 var (
@@ -159,7 +169,10 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("mysql: asking the server's version: %w", err)
 	}
 	mariaDB := strings.Contains(version, "MariaDB")
-	b := &Backend{db: db, q: newQueries(table, mariaDB), returning: insertReturns(version), packet: packet}
+	q := newQueries(table, mariaDB)
+	prep := newPrepared(db, q)
+	b := &Backend{db: db, q: q, returning: insertReturns(version), packet: packet, prep: prep}
+	prep.releaseWith(b)
 	if !opts.NoMigrate {
 		if err := migrate(ctx, db, table, name); err != nil {
 			return nil, fmt.Errorf("mysql: creating table %s: %w", table, err)
@@ -208,7 +221,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 	}
 	key, token, us := []byte(rec.Key), []byte(rec.Token), micros(lease)
 	for {
-		got, err := retried(ctx, func() (found, error) { return b.claimOnce(ctx, b.db, key, rec.Fingerprint[:], token, us) })
+		got, err := retried(ctx, func() (found, error) { return b.claimOnce(ctx, b.pooled(), key, rec.Fingerprint[:], token, us) })
 		switch {
 		case answered(err):
 			// The server refused the statement, which it ran alone: it
@@ -229,6 +242,14 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 			return backend.Record{}, false, err
 		}
 	}
+}
+
+// pooled is the querier of the backend's own statements on its pool.
+func (b *Backend) pooled() querier {
+	if b.prep == nil {
+		return b.db
+	}
+	return pool{b.prep}
 }
 
 // A found is a record read, if ok, with whether it expired.
@@ -322,7 +343,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lea
 		// a lease set to the instant it held (two renewals within one
 		// microsecond) changes none. Asked again: is the claim still
 		// this token's, its lease holding?
-		f, gerr := retried(ctx, func() (found, error) { return queryOne(ctx, b.db, b.q.get, []any{[]byte(key)}) })
+		f, gerr := retried(ctx, func() (found, error) { return queryOne(ctx, b.pooled(), b.q.get, []any{[]byte(key)}) })
 		if gerr != nil {
 			return gerr
 		}
@@ -338,7 +359,7 @@ func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Rec
 	if err := b.nested(ctx); err != nil {
 		return backend.Record{}, false, err
 	}
-	f, err := retried(ctx, func() (found, error) { return queryOne(ctx, b.db, b.q.get, []any{[]byte(key)}) })
+	f, err := retried(ctx, func() (found, error) { return queryOne(ctx, b.pooled(), b.q.get, []any{[]byte(key)}) })
 	if err != nil || !f.ok || f.expired {
 		return backend.Record{}, false, err
 	}
@@ -448,7 +469,7 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 // changed.
 func (b *Backend) exec(ctx context.Context, query string, args ...any) (int64, error) {
 	return retried(ctx, func() (int64, error) {
-		res, err := b.db.ExecContext(ctx, query, args...)
+		res, err := b.pooled().ExecContext(ctx, query, args...)
 		if err != nil {
 			return 0, err
 		}

@@ -70,7 +70,7 @@ func (b *Backend) Resume(ctx context.Context, key, old, token string, _ time.Tim
 	if n == 0 {
 		return backend.Record{}, fmt.Errorf("%w: key %q is not interrupted under this token", backend.ErrNotOwner, key)
 	}
-	f, err := retried(ctx, func() (found, error) { return queryOne(ctx, b.db, b.q.get, []any{[]byte(key)}) })
+	f, err := retried(ctx, func() (found, error) { return queryOne(ctx, b.pooled(), b.q.get, []any{[]byte(key)}) })
 	switch {
 	case err != nil:
 		return backend.Record{}, err

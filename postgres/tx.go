@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/txrun"
@@ -105,114 +106,196 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	if err != nil {
 		return zero, &idem.BackendError{Op: "claim", Err: err}, false
 	}
-	defer c.tx.Rollback(context.WithoutCancel(ctx)) // a no-op once committed
+	defer c.end(context.WithoutCancel(ctx)) // rolls back, unless committed
 	if c.won {
-		val, err := runTx(ctx, store, b, c.tx, claim, fn)
+		val, err := runTx(ctx, store, b, c, claim, fn)
 		return val, err, false
 	}
 	return txrun.Answer(store, c.rec, fp)
 }
 
-// A claimedTx is a transaction that holds a claim, or the record that
-// stood.
+// A claimedTx is a connection whose transaction holds a claim (won, and
+// xid is the transaction's id), or the record that stood.
+//
+// The transaction is not pgx's: its BEGIN goes in one round trip with the
+// claim, and its COMMIT in one with the outcome (a pgx.Tx sends each on
+// its own), so that a new key costs the caller's own transaction one
+// round trip more, the savepoint fn runs in.
 type claimedTx struct {
-	tx  pgx.Tx
-	rec backend.Record
-	won bool
+	conn *pgxpool.Conn
+	rec  backend.Record
+	won  bool
+	xid  int64
+}
+
+// end rolls back the transaction, if still open, and gives the connection
+// back to the pool. A connection whose rollback failed is in a state
+// nobody knows: the pool closes any that is not idle.
+func (c claimedTx) end(ctx context.Context) {
+	if c.conn.Conn().PgConn().TxStatus() != 'I' {
+		_, _ = c.conn.Exec(ctx, `rollback`)
+	}
+	c.conn.Release()
 }
 
 // beginClaim begins a transaction and claims key in it (claimTx). If the
 // claim fails, the transaction is rolled back.
 func beginClaim(ctx context.Context, b *Backend, key string, args []any) (claimedTx, error) {
-	// Read committed, whatever the server's default: a duplicate must see
-	// the row the first transaction committed once it stops waiting on it.
-	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return claimedTx{}, err
 	}
-	rec, won, err := claimTx(ctx, tx, b, key, args)
-	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+	c := claimedTx{conn: conn}
+	if c.rec, c.won, c.xid, err = claimTx(ctx, conn.Conn(), b, key, args); err != nil {
+		c.end(context.WithoutCancel(ctx))
 		return claimedTx{}, err
 	}
-	return claimedTx{tx, rec, won}, nil
+	return c, nil
 }
 
 // testHookBeforeTakeover, if set, runs between finding an expired record and
 // taking it over. Tests use it to sweep the record away in between.
 var testHookBeforeTakeover func()
 
-// claimTx claims key inside tx, or returns the record that stands. Each
-// statement sees the rows committed before it: a row that a concurrent
-// transaction committed, took over or deleted (a sweep, a Forget) between
-// two statements is met by trying again, as Backend.Claim does.
-func claimTx(ctx context.Context, tx pgx.Tx, b *Backend, key string, args []any) (backend.Record, bool, error) {
-	for range 8 {
-		rows, err := tx.Query(ctx, b.q.claim, args...)
-		if err != nil {
-			return backend.Record{}, false, err
+// claimTx begins a transaction on conn and claims key inside it, or
+// returns the record that stands; a claim it won comes with the
+// transaction's id, to ask about its COMMIT if the reply to that is lost.
+// The BEGIN, the claim and the id go in one round trip. The transaction
+// is read committed, whatever the server's default: a duplicate must see
+// the row the first transaction committed once it stops waiting on it.
+//
+// Each statement sees the rows committed before it: a row that a
+// concurrent transaction committed, took over or deleted (a sweep, a
+// Forget) between two statements is met by trying again, as
+// Backend.Claim does.
+func claimTx(ctx context.Context, conn *pgx.Conn, b *Backend, key string, args []any) (backend.Record, bool, int64, error) {
+	var (
+		won, expired bool
+		xid          *int64
+		rec          backend.Record
+		found        bool
+	)
+	batch := &pgx.Batch{}
+	batch.Queue(`begin isolation level read committed`)
+	batch.Queue(b.q.claim, args...)
+	// NULL unless the claim wrote: an id is not given to a transaction
+	// that only read (a replay), which would cost it a commit record.
+	batch.Queue(`select txid_current_if_assigned()`)
+	br := conn.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			rec, found, err = scanOne(rows, &won, &expired)
 		}
-		var won, expired bool
-		rec, found, err := scanOne(rows, &won, &expired)
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(&xid)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	for i := range 8 {
+		if i > 0 {
+			var rows pgx.Rows
+			if rows, err = conn.Query(ctx, b.q.claim, args...); err == nil {
+				rec, found, err = scanOne(rows, &won, &expired)
+			}
+			xid = nil
+		}
 		switch {
 		case err != nil:
-			return backend.Record{}, false, err
-		case found && (won || !expired):
-			return rec, won, nil
+			return backend.Record{}, false, 0, err
+		case found && won:
+			return takenWith(ctx, conn, rec, xid)
+		case found && !expired:
+			return rec, false, 0, nil
 		case found: // expired: take it over, unless another claim did first
 			if testHookBeforeTakeover != nil {
 				testHookBeforeTakeover()
 			}
-			if rows, err = tx.Query(ctx, b.q.takeOver, args...); err != nil {
-				return backend.Record{}, false, err
+			rows, err := conn.Query(ctx, b.q.takeOver, args...)
+			if err != nil {
+				return backend.Record{}, false, 0, err
 			}
-			if rec, found, err = scanOne(rows, &won, &expired); err != nil || found {
-				return rec, found && won, err
+			if rec, found, err = scanOne(rows, &won, &expired); err != nil {
+				return backend.Record{}, false, 0, err
+			} else if found {
+				return takenWith(ctx, conn, rec, nil)
 			}
 		}
 		// A conflicting row was committed after the statement's snapshot,
 		// or the expired row went before the takeover reached it: read
 		// what stands now, and claim again if nothing does.
-		if rows, err = tx.Query(ctx, b.q.get, key); err != nil {
-			return backend.Record{}, false, err
+		rows, err := conn.Query(ctx, b.q.get, key)
+		if err != nil {
+			return backend.Record{}, false, 0, err
 		}
 		if rec, found, err = scanOne(rows); err != nil || found {
-			return rec, false, err
+			return rec, false, 0, err
 		}
 	}
-	return backend.Record{}, false, fmt.Errorf("key %q: claimed and released under this transaction 8 times in a row", key)
+	return backend.Record{}, false, 0, fmt.Errorf("key %q: claimed and released under this transaction 8 times in a row", key)
 }
 
-// runTx runs fn in a savepoint of tx, which holds the new claim, and commits
-// the outcome, or rolls everything back.
-func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, tx pgx.Tx, claim backend.Record, fn func(context.Context, pgx.Tx) (R, error)) (val R, err error) {
+// takenWith is a claim won, rec, with its transaction's id: xid, read with
+// the claim, or else asked for (a claim won by a takeover, or on a later
+// try, which are rare).
+func takenWith(ctx context.Context, conn *pgx.Conn, rec backend.Record, xid *int64) (backend.Record, bool, int64, error) {
+	if xid != nil {
+		return rec, true, *xid, nil
+	}
+	var id int64
+	if err := conn.QueryRow(ctx, `select txid_current()`).Scan(&id); err != nil {
+		return backend.Record{}, false, 0, err
+	}
+	return rec, true, id, nil
+}
+
+// runTx runs fn in a savepoint of c's transaction, which holds the new
+// claim, and commits the outcome, or rolls everything back.
+//
+// The savepoint is pgx's own transaction (its BEGIN the SAVEPOINT), which
+// fn gets wrapped (fnTx) as a nested one; after fn, the savepoint's end
+// (RELEASE, or ROLLBACK TO for a final error, which keeps the key, not
+// fn's writes), the outcome and the COMMIT go in one round trip. A
+// statement of it that fails stops the rest: the server skips what
+// follows in the batch, the COMMIT included.
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, c claimedTx, claim backend.Record, fn func(context.Context, pgx.Tx) (R, error)) (val R, err error) {
 	opts := txrun.Of(store).Options()
-	savepoint, err := tx.Begin(ctx)
+	sp, err := c.conn.Conn().BeginTx(ctx, pgx.TxOptions{BeginQuery: `savepoint ` + savepoint})
 	if err != nil {
 		return val, &idem.BackendError{Op: "claim", Err: err}
 	}
+	ftx := &fnTx{Tx: sp}
 	// A panic in fn goes up to Ticket.Do, which reports it; the deferred
 	// rollback takes the key and fn's writes away, as for an error.
-	val, err = fn(context.WithValue(ctx, inTx{}, b.pool), savepoint)
+	val, err = fn(context.WithValue(ctx, inTx{}, b.pool), ftx)
 	if err != nil && !idem.IsFinal(err) {
 		return val, err
 	}
-	if err != nil { // final: keep the key and the error, not fn's writes
-		if rerr := savepoint.Rollback(ctx); rerr != nil {
-			return val, txrun.Unrecorded(err, rerr)
-		}
-	} else if cerr := savepoint.Commit(ctx); cerr != nil {
-		return val, cerr
+	if ftx.closed { // fn committed or rolled back its transaction itself
+		return val, txrun.Unrecorded(err, pgx.ErrTxClosed)
 	}
 	done := claim
 	if eerr := txrun.Of(store).Encode(&done, val, err); eerr != nil {
 		return val, txrun.Unrecorded(err, eerr)
 	}
-	var xid int64
-	if cerr := tx.QueryRow(ctx, b.q.completeTx, done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, done.ErrMsg).Scan(&xid); cerr != nil {
-		return val, txrun.Unrecorded(err, cerr)
+	end := `release savepoint ` + savepoint
+	if err != nil { // final: keep the key and the error, not fn's writes
+		end = `rollback to savepoint ` + savepoint
 	}
-	if cerr := tx.Commit(ctx); cerr != nil && !committed(ctx, b, opts, xid, done) {
+	batch := &pgx.Batch{}
+	batch.Queue(end)
+	batch.Queue(completeChecked(b), done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, done.ErrMsg)
+	batch.Queue(`commit`)
+	cerr := c.conn.SendBatch(ctx, batch).Close()
+	switch {
+	case cerr == nil:
+		return val, err
+	case refused(cerr):
+		return val, txrun.Unrecorded(err, explainedTx(cerr))
+	case !committed(ctx, b, opts, c.xid, done):
 		return val, txrun.Unrecorded(err, fmt.Errorf("postgres: committing: %w", cerr))
 	}
 	return val, err

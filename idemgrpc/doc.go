@@ -50,6 +50,53 @@
 // sends its client everything the handler set; only what is remembered
 // is filtered.
 //
+// # Transactional mode
+//
+// A handler that writes to the same database as the store's Backend
+// (PostgreSQL, MySQL or SQLite) can have its rows, its key and its reply
+// committed in one transaction: set Options.InTx to the InTx of the
+// Backend's package and write through the transaction its TxFromContext
+// finds in the handler's ctx. The interceptor holds the headers and
+// trailers the handler sets (SendHeader's too) and answers only once that
+// transaction has committed, so a crash at any instant leaves either
+// nothing (a retry runs the handler afresh) or everything (a retry
+// replays the reply). Without it, a crash after the handler's own commit
+// and before its reply is recorded leaves the key interrupted: its
+// retries are answered Internal, "its outcome is unknown", until an
+// operator settles the key.
+//
+// What is kept is what is kept without it, and the rest is never kept by
+// halves:
+//   - A response, or an error marked idem.Final, commits with the
+//     handler's rows: a final error is the call's answer, as a 4xx is an
+//     HTTP handler's, so what the handler wrote before returning it
+//     (a declined payment's record, say) is kept with it; a handler that
+//     wants nothing kept returns another error. A response larger than
+//     Options.MaxStoredReply commits as done without its message, as
+//     above: the call that ran it gets it whole.
+//   - Any other error, a panic, or a handler still running at the store's
+//     ExecutionTimeout rolls its rows back with the claim: nothing is
+//     remembered, and the key is free for the retry. The error goes to the
+//     client as the handler returned it, with the metadata it set; a panic
+//     is Internal, without it.
+//   - A transaction that does not commit, because the commit failed or
+//     the handler ended the transaction itself, is answered Unavailable,
+//     with nothing of the handler's answer. The handler must not commit
+//     or roll back: on PostgreSQL and SQLite that only makes the call
+//     fail with nothing committed, but on MySQL a COMMIT (or DDL, which
+//     commits) keeps its rows with a key that has no outcome, which is
+//     then interrupted, as it would be without InTx.
+//   - A call to a remote service cannot be in the transaction: make it
+//     before, or through idem.Step with a StepKey the other service
+//     honours, so that a retry does not repeat it.
+//
+// A caller whose context is cancelled does not stop the handler: its
+// reply is committed, and the retry replays it. The handler still runs
+// under the caller's deadline, so a handler that heeds it fails when it
+// passes and rolls back. A duplicate waits for the transaction to end (up
+// to Options.Wait, or its own deadline) and replays its reply, or runs the
+// handler itself if it rolled back.
+//
 // On the client, UnaryClientInterceptor gives each logical call one key (or
 // keeps the caller's) and sends it on every attempt: its own retries of
 // Unavailable and Aborted, and gRPC's retry policy, which resends the same

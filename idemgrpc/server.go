@@ -143,6 +143,23 @@ type Options struct {
 	// means 1 MiB.
 	MaxStoredReply int
 
+	// InTx, if set, is the transactional mode: each guarded call's handler
+	// runs in a transaction of the store's database that also claims its
+	// key, and its rows, its key and its reply (the response message, or
+	// a final error, with the headers and trailers that are remembered)
+	// commit together before the answer is sent. Set it to the InTx of
+	// the store's Backend package, such as sqlite.InTx[idemgrpc.Reply]
+	// (postgres and mysql have theirs), and have the handler write
+	// through the transaction that package's TxFromContext finds in its
+	// ctx. A crash at any instant leaves either nothing (the retry runs
+	// the handler afresh) or everything (the retry replays the reply);
+	// without InTx, a crash between the handler's own commit and its
+	// reply being recorded leaves the key interrupted, answered Internal
+	// until an operator settles it. See "Transactional mode" in the
+	// package doc for what the handler must not do there. Nil means the
+	// handler runs outside any transaction of the interceptor's.
+	InTx func(ctx context.Context, store *idem.Store[Reply], key string, payload any, fn func(ctx context.Context) (Reply, error)) (Reply, error)
+
 	// Logger receives what cannot be told to the client: a handler panic,
 	// an outcome the backend failed to record, the error of Scope.
 	// Refusals a client can cause at will (no credentials for the scope, a
@@ -250,6 +267,9 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, s.retryLater(codes.Aborted, "as many calls with this idempotency-key as the server holds are waiting already; retry with the same key", s.opts.RetryAfter)
 	}
 	defer s.waiters.Leave(storeKey)
+	if s.opts.InTx != nil {
+		return s.serveTx(ctx, req, info, handler, storeKey, fp[:], scope)
+	}
 
 	bctx, cancel := context.WithTimeout(ctx, s.opts.Wait)
 	defer cancel()

@@ -24,9 +24,21 @@ type recordingStream struct {
 	mu      sync.Mutex
 	header  metadata.MD // guarded by mu
 	trailer metadata.MD // guarded by mu
+
+	// In the transactional mode, what the handler sets is held until its
+	// transaction commits (held.go). Guarded by mu.
+	held                    bool
+	headerSent              bool // a held SendHeader
+	heldHeader, heldTrailer metadata.MD
 }
 
 func (r *recordingStream) SetHeader(md metadata.MD) error {
+	if held, err := r.hold(md, true, false); held {
+		if err == nil {
+			r.record(&r.header, md)
+		}
+		return err
+	}
 	if r.ServerTransportStream != nil {
 		if err := r.ServerTransportStream.SetHeader(md); err != nil {
 			return err // not sent: not remembered
@@ -37,6 +49,12 @@ func (r *recordingStream) SetHeader(md metadata.MD) error {
 }
 
 func (r *recordingStream) SendHeader(md metadata.MD) error {
+	if held, err := r.hold(md, true, true); held {
+		if err == nil {
+			r.record(&r.header, md)
+		}
+		return err
+	}
 	if r.ServerTransportStream != nil {
 		if err := r.ServerTransportStream.SendHeader(md); err != nil {
 			return err // not sent: not remembered
@@ -47,6 +65,12 @@ func (r *recordingStream) SendHeader(md metadata.MD) error {
 }
 
 func (r *recordingStream) SetTrailer(md metadata.MD) error {
+	if held, err := r.hold(md, false, false); held {
+		if err == nil {
+			r.record(&r.trailer, md)
+		}
+		return err
+	}
 	if r.ServerTransportStream != nil {
 		if err := r.ServerTransportStream.SetTrailer(md); err != nil {
 			return err // not sent: not remembered

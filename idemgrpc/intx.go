@@ -1,0 +1,150 @@
+package idemgrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/limit"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// serveTx is serve's run in the transactional mode (Options.InTx): the key
+// is claimed in a transaction of the store's database, the handler runs in
+// it with its headers and trailers held, and its answer goes out only once
+// the handler's rows, the key and the reply have committed together.
+func (s *server) serveTx(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, storeKey string, fp []byte, scope string) (any, error) {
+	wait := newWaitBound(ctx, s.opts.Wait)
+	defer wait.stop()
+	var (
+		quota limit.Reservation
+		rec   *recordingStream
+		own   any // the handler's response, this call's to return
+	)
+	run := func(work context.Context) (Reply, error) {
+		if !wait.start() {
+			return Reply{}, errGaveUp
+		}
+		// Counted only for a key this call claimed, as in serve.
+		var ok bool
+		if quota, ok = s.quota.Reserve(scope); !ok {
+			return Reply{}, errOverQuota
+		}
+		if deadline, ok := ctx.Deadline(); ok {
+			// As in serve: the caller's deadline, not its cancellation,
+			// bounds the handler.
+			var cancel context.CancelFunc
+			work, cancel = context.WithDeadline(work, deadline)
+			defer cancel()
+		}
+		rec = &recordingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(work), keep: s.keep, maxReply: s.opts.MaxStoredReply, held: true}
+		resp, err := handler(grpc.NewContextWithServerTransportStream(work, rec), req)
+		own = resp
+		return rec.reply(resp, err)
+	}
+	reply, err := s.opts.InTx(wait.ctx, s.store, storeKey, fp, run)
+	for err != nil && !wait.started() && ctx.Err() == nil && ranOutOfTime(err) {
+		// As in serve: the run this call waited on ran out of its own
+		// caller's time, and rolled back; this caller has time left.
+		reply, err = s.opts.InTx(wait.ctx, s.store, storeKey, fp, run)
+	}
+	if !wait.started() { // a replay, or why there is none: no handler ran here
+		switch cerr := ctx.Err(); {
+		case err == nil:
+			return s.replay(ctx, reply, nil)
+		case errors.Is(err, errOverQuota):
+			return nil, s.overQuota(scope)
+		case cerr != nil:
+			// The caller's own deadline (or cancellation) ended the wait:
+			// answer as gRPC does, as serve does.
+			return nil, status.FromContextError(cerr).Err()
+		}
+		return nil, s.refusal(err)
+	}
+	var pe *idem.PanicError
+	var unstored *handlerError
+	switch {
+	case err == nil: // committed: the handler's own answer, not a replay
+		rec.release()
+		if reply.Code == codes.OK {
+			return own, nil // whole, even if too large to keep
+		}
+		return s.decode(reply)
+	case errors.Is(err, errOverQuota):
+		return nil, s.overQuota(scope)
+	case errors.As(err, &pe):
+		quota.Cancel()
+		s.opts.Logger.Error("idemgrpc: handler panicked; its writes were rolled back and its key released", "method", info.FullMethod, "panic", pe.Value, "stack", string(pe.Stack))
+		return nil, status.Error(codes.Internal, "the call failed; it may be retried with the same key")
+	case errors.As(err, &unstored):
+		// Rolled back, and delivered as the handler returned it, with the
+		// metadata it set, as serve delivers it.
+		quota.Cancel()
+		rec.release()
+		return nil, unstored.err
+	}
+	// The transaction did not commit (the commit failed, the handler ended
+	// the transaction itself, the store's ExecutionTimeout): nothing of the
+	// handler's is kept, so nothing of its answer may be sent.
+	quota.Cancel()
+	s.opts.Logger.Error("idemgrpc: the handler's transaction did not commit; nothing of it was kept", "method", info.FullMethod, "err", err)
+	return nil, s.retryLater(codes.Unavailable, "the call's changes could not be committed, so nothing was saved; retry with the same key", s.opts.RetryAfter)
+}
+
+// errGaveUp ends the run of a call that stopped waiting for its key before
+// the key was its to run: it was answered already, so the handler does not
+// run, and duplicates that waited on it are told to retry.
+var errGaveUp = fmt.Errorf("%w: the call stopped waiting for its key before it could run", idem.ErrInProgress)
+
+// A waitBound ends a call's wait for its key, at Options.Wait or when its
+// caller's context ends, but never its handler's run once that has
+// started: the answer goes out only after the handler's transaction
+// commits, so the call that runs it waits for it. ctx is what the claim
+// waits under.
+type waitBound struct {
+	ctx        context.Context
+	cancel     context.CancelFunc
+	state      atomic.Int32 // waiting, then running or gaveUp, once
+	timer      *time.Timer
+	stopCaller func() bool
+}
+
+const (
+	waiting int32 = iota
+	running
+	gaveUp
+)
+
+func newWaitBound(caller context.Context, wait time.Duration) *waitBound {
+	b := &waitBound{}
+	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(caller))
+	b.timer = time.AfterFunc(wait, b.giveUp)
+	b.stopCaller = context.AfterFunc(caller, b.giveUp)
+	return b
+}
+
+// giveUp ends the wait, unless the handler has started.
+func (b *waitBound) giveUp() {
+	if b.state.CompareAndSwap(waiting, gaveUp) {
+		b.cancel()
+	}
+}
+
+// start reports whether the handler may run: the wait has not ended, and
+// from now on it will not.
+func (b *waitBound) start() bool { return b.state.CompareAndSwap(waiting, running) }
+
+// started reports whether the handler ran. Read once the claim has
+// returned: a handler that started has finished by then.
+func (b *waitBound) started() bool { return b.state.Load() == running }
+
+func (b *waitBound) stop() {
+	b.timer.Stop()
+	b.stopCaller()
+	b.cancel()
+}

@@ -3,16 +3,21 @@ package idemgrpc_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemgrpc"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // dropFirstReply lets the first call run, then loses its reply on the way
@@ -94,4 +99,43 @@ func TestGRPCRetryPolicyResendsTheKey(t *testing.T) {
 	assert.Equal(t, int32(1), p.runs.Load())
 	require.Len(t, drop.keys, 2)
 	assert.Equal(t, drop.keys[0], drop.keys[1], "gRPC's retry sent the same key")
+}
+
+// The client interceptor: a RetryInfo longer than the caller's deadline is
+// slept until the deadline instead of being given up at once; MaxAttempts
+// is kept and the key is the same on every attempt.
+func TestHostileGRPCClientRetry(t *testing.T) {
+	var attempts atomic.Int32
+	var seen sync.Map
+	aborted := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		attempts.Add(1)
+		md, _ := metadata.FromIncomingContext(ctx)
+		seen.Store(first(md.Get(idemgrpc.KeyHeader)), true)
+		st, _ := status.New(codes.Aborted, "in flight").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(10 * time.Millisecond)})
+		return nil, st.Err()
+	}
+	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) { return in, nil },
+		[]grpc.UnaryServerInterceptor{aborted}, idemgrpc.UnaryClientInterceptor(idemgrpc.ClientOptions{MaxAttempts: 3}))
+	_, err := callDo(context.Background(), conn, "")
+	assert.Equal(t, codes.Aborted, status.Code(err))
+	assert.Equal(t, int32(3), attempts.Load())
+	n := 0
+	seen.Range(func(any, any) bool { n++; return true })
+	assert.Equal(t, 1, n, "one key across attempts")
+}
+
+func TestHostileGRPCClientRetryInfoBeyondDeadline(t *testing.T) {
+	aborted := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		st, _ := status.New(codes.Aborted, "in flight").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Hour)})
+		return nil, st.Err()
+	}
+	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) { return in, nil },
+		[]grpc.UnaryServerInterceptor{aborted}, idemgrpc.UnaryClientInterceptor(idemgrpc.ClientOptions{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := callDo(ctx, conn, "")
+	el := time.Since(start)
+	t.Logf("returned %v after %v", err, el)
+	assert.Less(t, el, 2500*time.Millisecond, "a delay past the deadline cannot succeed: give up at once, not at the deadline")
 }

@@ -127,3 +127,61 @@ func charge(ctx context.Context, conn *grpc.ClientConn, key string, amount float
 func code(err error) codes.Code { return status.Code(err) }
 
 var errDown = errors.New("database unreachable")
+
+// doMethod is the one method of the service startDo serves, whose handler
+// the test gives.
+const doMethod = "/idem.test.Svc/Do"
+
+// doHandler answers doMethod.
+type doHandler func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error)
+
+// startDo serves doMethod with h behind the server interceptors, over an
+// in-memory connection, and returns a client connection through the client
+// interceptors; both end with the test.
+func startDo(t *testing.T, h doHandler, server []grpc.UnaryServerInterceptor, client ...grpc.UnaryClientInterceptor) *grpc.ClientConn {
+	t.Helper()
+	desc := grpc.ServiceDesc{
+		ServiceName: "idem.test.Svc",
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "Do",
+			Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+				in := new(structpb.Struct)
+				if err := dec(in); err != nil {
+					return nil, err
+				}
+				handler := func(ctx context.Context, req any) (any, error) {
+					out, err := h(ctx, req.(*structpb.Struct))
+					if out == nil {
+						return nil, err // a handler returning (nil, nil): untyped nil, as generated code passes it on
+					}
+					return out, err
+				}
+				return interceptor(ctx, in, &grpc.UnaryServerInfo{FullMethod: doMethod}, handler)
+			},
+		}},
+	}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(server...))
+	srv.RegisterService(&desc, struct{}{})
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(client...),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// callDo calls doMethod under key (none if empty).
+func callDo(ctx context.Context, conn *grpc.ClientConn, key string, opts ...grpc.CallOption) (*structpb.Struct, error) {
+	if key != "" {
+		ctx = idemgrpc.WithKey(ctx, key)
+	}
+	in, _ := structpb.NewStruct(map[string]any{"amount": 450.0})
+	out := new(structpb.Struct)
+	err := conn.Invoke(ctx, doMethod, in, out, opts...)
+	return out, err
+}

@@ -155,8 +155,7 @@ func (h *countingHandler) atLeast(l slog.Level) int {
 	return n
 }
 
-// A duplicate waiting on a key in flight spends none of its scope's quota
-// (from the hostile review of issue 22).
+// A duplicate waiting on a key in flight spends none of its scope's quota.
 func TestWaitingDuplicateSpendsNoQuota(t *testing.T) {
 	entered, gate := make(chan struct{}), make(chan struct{})
 	p := &payments{quiet: true, fail: func(n int32) error {

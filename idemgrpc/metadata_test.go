@@ -38,15 +38,15 @@ func credentialHandler(ctx context.Context, in *structpb.Struct) (*structpb.Stru
 func TestCredentialMetadataIsNotReplayed(t *testing.T) {
 	for name, storeOpts := range map[string]idem.Options{"memory": {}, "backend": {Backend: idemtest.NewMemoryBackend()}} {
 		t.Run(name, func(t *testing.T) {
-			conn := rvStart(t, credentialHandler, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(rvStore(t, storeOpts), idemgrpc.Options{})})
+			conn := startDo(t, credentialHandler, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, storeOpts), idemgrpc.Options{})})
 			var h1, t1, h2, t2 metadata.MD
-			_, err := rvCall(context.Background(), conn, "k", grpc.Header(&h1), grpc.Trailer(&t1))
+			_, err := callDo(context.Background(), conn, "k", grpc.Header(&h1), grpc.Trailer(&t1))
 			require.NoError(t, err)
 			for _, k := range credentials {
 				assert.Equal(t, []string{"secret-of-the-first-caller"}, h1.Get(k), "the first call gets every header the handler set: %s", k)
 				assert.Equal(t, []string{"secret-of-the-first-caller"}, t1.Get(k), "the first call gets every trailer the handler set: %s", k)
 			}
-			_, err = rvCall(context.Background(), conn, "k", grpc.Header(&h2), grpc.Trailer(&t2))
+			_, err = callDo(context.Background(), conn, "k", grpc.Header(&h2), grpc.Trailer(&t2))
 			require.NoError(t, err)
 			require.Equal(t, []string{"true"}, h2.Get(idemgrpc.ReplayedHeader))
 			for _, k := range credentials {
@@ -79,13 +79,13 @@ func TestStoredAndSkipMetadata(t *testing.T) {
 			[]string{"charge-id"}, nil, []string{"request-id"}, []string{"ledger", "request-id"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			conn := rvStart(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
+			conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
 				_ = grpc.SetHeader(ctx, metadata.Pairs("charge-id", "ch_1", "request-id", "r1", "set-cookie", "s=1"))
 				_ = grpc.SetTrailer(ctx, metadata.Pairs("ledger", "posted", "request-id", "r1", "set-cookie", "s=1"))
 				return structpb.NewStruct(map[string]any{"charge": 1.0})
-			}, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(rvStore(t, idem.Options{}), tc.opts)})
+			}, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), tc.opts)})
 			var h1, t1, h2, t2 metadata.MD
-			_, err := rvCall(context.Background(), conn, "k", grpc.Header(&h1), grpc.Trailer(&t1))
+			_, err := callDo(context.Background(), conn, "k", grpc.Header(&h1), grpc.Trailer(&t1))
 			require.NoError(t, err)
 			for _, k := range []string{"charge-id", "request-id", "set-cookie"} {
 				assert.NotEmpty(t, h1.Get(k), "the first call gets header %s", k)
@@ -93,7 +93,7 @@ func TestStoredAndSkipMetadata(t *testing.T) {
 			for _, k := range []string{"ledger", "request-id", "set-cookie"} {
 				assert.NotEmpty(t, t1.Get(k), "the first call gets trailer %s", k)
 			}
-			_, err = rvCall(context.Background(), conn, "k", grpc.Header(&h2), grpc.Trailer(&t2))
+			_, err = callDo(context.Background(), conn, "k", grpc.Header(&h2), grpc.Trailer(&t2))
 			require.NoError(t, err)
 			require.Equal(t, []string{"true"}, h2.Get(idemgrpc.ReplayedHeader))
 			for _, k := range tc.header {

@@ -24,7 +24,7 @@ import (
 )
 
 // bigHandler answers a message of about size bytes, counting its runs.
-func bigHandler(runs *atomic.Int32, size int) rvHandler {
+func bigHandler(runs *atomic.Int32, size int) doHandler {
 	return func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
 		runs.Add(1)
 		_ = grpc.SetHeader(ctx, metadata.Pairs("charge-id", "ch_1"))
@@ -45,15 +45,15 @@ func TestOversizedReplyIsRememberedWithoutMessage(t *testing.T) {
 				attempts.Add(1)
 				return handler(ctx, req)
 			}
-			conn := rvStart(t, bigHandler(&runs, 1<<20+1), []grpc.UnaryServerInterceptor{count, idemgrpc.UnaryServerInterceptor(rvStore(t, storeOpts), idemgrpc.Options{})},
+			conn := startDo(t, bigHandler(&runs, 1<<20+1), []grpc.UnaryServerInterceptor{count, idemgrpc.UnaryServerInterceptor(newStore(t, storeOpts), idemgrpc.Options{})},
 				idemgrpc.UnaryClientInterceptor(idemgrpc.ClientOptions{}))
-			first, err := rvCall(context.Background(), conn, "k", grpc.MaxCallRecvMsgSize(8<<20))
+			first, err := callDo(context.Background(), conn, "k", grpc.MaxCallRecvMsgSize(8<<20))
 			require.NoError(t, err)
 			require.Len(t, first.Fields["statement"].GetStringValue(), 1<<20+1, "the first caller gets the whole response")
 			size := proto.Size(first)
 
 			var header, trailer metadata.MD
-			again, err := rvCall(context.Background(), conn, "k", grpc.Header(&header), grpc.Trailer(&trailer), grpc.MaxCallRecvMsgSize(8<<20))
+			again, err := callDo(context.Background(), conn, "k", grpc.Header(&header), grpc.Trailer(&trailer), grpc.MaxCallRecvMsgSize(8<<20))
 			require.Error(t, err, "a replay must not pass for the whole answer: got %d bytes", proto.Size(again))
 			assert.Equal(t, codes.AlreadyExists, code(err), "%v", err)
 			assert.Contains(t, status.Convert(err).Message(), "too large to keep")
@@ -72,14 +72,14 @@ func TestOversizedReplyIsRememberedWithoutMessage(t *testing.T) {
 // one past it is omitted.
 func TestMaxStoredReplyBound(t *testing.T) {
 	var runs atomic.Int32
-	conn := rvStart(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
+	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
 		runs.Add(1)
 		return structpb.NewStruct(map[string]any{"statement": strings.Repeat("x", int(in.Fields["amount"].GetNumberValue()))})
-	}, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(rvStore(t, idem.Options{}), idemgrpc.Options{MaxStoredReply: 1000})})
+	}, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{MaxStoredReply: 1000})})
 	call := func(key string, n int, opts ...grpc.CallOption) (*structpb.Struct, error) {
 		in, _ := structpb.NewStruct(map[string]any{"amount": float64(n)})
 		out := new(structpb.Struct)
-		return out, conn.Invoke(idemgrpc.WithKey(context.Background(), key), rvMethod, in, out, opts...)
+		return out, conn.Invoke(idemgrpc.WithKey(context.Background(), key), doMethod, in, out, opts...)
 	}
 	for range 2 {
 		small, err := call("small", 900)
@@ -101,16 +101,16 @@ func TestMaxStoredReplyBound(t *testing.T) {
 func TestWaiterOnOversizedReplyGetsOmittedAnswer(t *testing.T) {
 	var runs atomic.Int32
 	entered, gate := make(chan struct{}), make(chan struct{})
-	conn := rvStart(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
+	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
 		if runs.Add(1) == 1 {
 			close(entered)
 		}
 		<-gate
 		return structpb.NewStruct(map[string]any{"statement": strings.Repeat("x", 2000)})
-	}, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(rvStore(t, idem.Options{}), idemgrpc.Options{MaxStoredReply: 1000, Wait: time.Minute})})
+	}, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{MaxStoredReply: 1000, Wait: time.Minute})})
 	first := make(chan error, 1)
 	go func() {
-		out, err := rvCall(context.Background(), conn, "k")
+		out, err := callDo(context.Background(), conn, "k")
 		if err == nil && len(out.Fields["statement"].GetStringValue()) != 2000 {
 			err = errors.New("the first caller did not get the whole response")
 		}
@@ -118,7 +118,7 @@ func TestWaiterOnOversizedReplyGetsOmittedAnswer(t *testing.T) {
 	}()
 	<-entered
 	waiter := make(chan error, 1)
-	go func() { _, err := rvCall(context.Background(), conn, "k"); waiter <- err }()
+	go func() { _, err := callDo(context.Background(), conn, "k"); waiter <- err }()
 	time.Sleep(50 * time.Millisecond) // parked on the claim, or arriving after: the answer is the same
 	close(gate)
 	require.NoError(t, <-first)

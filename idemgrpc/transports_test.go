@@ -2,6 +2,7 @@ package idemgrpc_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -89,4 +91,67 @@ func TestReplayIsAPrivateDecodedCopy(t *testing.T) {
 		assert.Equal(t, "4242", s.Fields["card"].GetStringValue())
 		s.Fields["card"] = structpb.NewStringValue("redacted")
 	}
+}
+
+// A header set after the headers were sent is refused by gRPC (the first
+// caller never gets it), but the recorder keeps it: the replay is not the
+// first answer.
+func TestReviewHeaderRefusedByGRPCIsReplayed(t *testing.T) {
+	var setErr error
+	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
+		_ = grpc.SendHeader(ctx, metadata.Pairs("charge-id", "ch_1"))
+		setErr = grpc.SetHeader(ctx, metadata.Pairs("late", "never-sent"))
+		return in, nil
+	}, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{Unscoped: true})})
+	var h1, h2 metadata.MD
+	_, err := callDo(context.Background(), conn, "k", grpc.Header(&h1))
+	require.NoError(t, err)
+	require.Error(t, setErr, "gRPC refuses a header after SendHeader")
+	_, err = callDo(context.Background(), conn, "k", grpc.Header(&h2))
+	require.NoError(t, err)
+	require.Equal(t, []string{"true"}, h2.Get(idemgrpc.ReplayedHeader))
+	assert.Equal(t, h1.Get("late"), h2.Get("late"), "the replay carries a header the first caller never got")
+}
+
+// A key that a proxy made of two idempotency-key fields ("a, b") is one
+// key to the gRPC interceptor; idemhttp refuses the same value.
+func TestReviewCommaJoinedKeyAccepted(t *testing.T) {
+	var runs atomic.Int32
+	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) { runs.Add(1); return in, nil },
+		[]grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{Unscoped: true})})
+	_, err := callDo(context.Background(), conn, "a, b")
+	t.Logf("comma key: %v runs=%d", status.Code(err), runs.Load())
+}
+
+// Caller A (deadline 100ms) claims the key; duplicate B (deadline 5s)
+// coalesces onto A's execution. B, with plenty of time left, does not get
+// A's deadline failure: the work is not bounded by A's deadline alone.
+func TestH21CoalescedDuplicateInheritsFirstCallersDeadline(t *testing.T) {
+	var runs atomic.Int32
+	handler := func(ctx context.Context, req any) (any, error) {
+		runs.Add(1)
+		select {
+		case <-time.After(300 * time.Millisecond):
+			return structpb.NewStruct(map[string]any{"charge": 1.0})
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	intercept := idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{Wait: 5 * time.Second})
+	in, _ := structpb.NewStruct(map[string]any{"amount": 1.0})
+	info := &grpc.UnaryServerInfo{FullMethod: chargeMethod}
+	md := metadata.Pairs(idemgrpc.KeyHeader, "k")
+	actx, acancel := context.WithTimeout(metadata.NewIncomingContext(context.Background(), md), 100*time.Millisecond)
+	defer acancel()
+	bctx, bcancel := context.WithTimeout(metadata.NewIncomingContext(context.Background(), md), 5*time.Second)
+	defer bcancel()
+	aerr := make(chan error, 1)
+	go func() { _, err := intercept(actx, in, info, handler); aerr <- err }()
+	for runs.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	out, berr := intercept(bctx, in, info, handler)
+	t.Logf("A: %v; B after %v: out=%v err=%v (%T), runs=%d", <-aerr, time.Since(start), out, berr, berr, runs.Load())
+	assert.NoError(t, berr, "B had 4.9s left but got A's deadline failure")
 }

@@ -149,8 +149,8 @@ func TestCleanStopChecksWhatOpenReads(t *testing.T) {
 
 // A claim pending at a clean Close (work in flight at shutdown) makes
 // Open read its record through bbolt: such a file is checked in full.
-// (The hostile review crashed the process here: a records page pointing
-// at itself overflowed bbolt's stack.)
+// (Unchecked, a records page pointing at itself overflowed bbolt's stack
+// and crashed the process here.)
 func TestCleanStopWithPendingClaimChecksTheWholeFile(t *testing.T) {
 	path := recordsFile(t)
 	b, err := Open(path, nil)

@@ -14,7 +14,7 @@ import (
 // Close stamps the file bbolt holds, not whatever is at the path by then:
 // a damaged, unclean file renamed into place during the session (an
 // operator restoring a backup) is not stamped clean by another file's
-// Close. (Found by the hostile review of the stamp.)
+// Close.
 func TestStampGoesToTheOpenFileNotThePath(t *testing.T) {
 	path := recordsFile(t)
 	other := recordsFile(t)
@@ -42,9 +42,8 @@ func TestStampGoesToTheOpenFileNotThePath(t *testing.T) {
 // A file replaced between Open's check and bbolt's opening of it, by one
 // with the same transaction id and a freelist that names a live page, is
 // not opened unchecked: Open sees bbolt holds another file and checks
-// again. (Found by the hostile review of the stamp: even CheckAlways
-// opened it, its first commit wrote over the records, and its Close
-// stamped it.)
+// again. (Unchecked, even CheckAlways opened it, its first commit wrote
+// over the records, and its Close stamped it.)
 func TestFileReplacedBetweenCheckAndOpen(t *testing.T) {
 	path := recordsFile(t)
 	data, err := os.ReadFile(path)

@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Each step and the outcome are well under MaxRecordSize, and each step
-// was recorded, but Complete copies the steps into the completed record:
-// the sum is over the bound, so the operation's success can never be
-// recorded. The key stays pending (NotRecordedError), and after a restart
-// every resume replays the steps and fails the same way: the operation
-// can never complete, whatever the caller does.
+// Each step and the outcome are well under MaxRecordSize, but their sum is
+// over it: the operation's success is still recorded, and the key is
+// completed. Were Complete to copy the steps into the completed record, the
+// success could never be recorded: the key would stay pending
+// (NotRecordedError), and after a restart every resume would replay the
+// steps and fail the same way, whatever the caller did.
 func TestHostileStepsPushCompleteOverMaxRecordSize(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes ~64 MiB")

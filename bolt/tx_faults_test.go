@@ -224,7 +224,7 @@ func TestHostileBoltGroupRetryRunsEachFnAtMostTwice(t *testing.T) {
 	assert.LessOrEqual(t, most, int32(2), "a succeeding fn runs at most once more because others in its group failed")
 }
 
-// From an attack on storage: a read-only Backend that was closed answers
+// A read-only Backend that was closed answers
 // every call with ErrClosed, as Close's doc says, not "read-only" for the
 // writes and ErrClosed for the reads.
 func TestHostileBoltReadOnlyClosedSaysClosed(t *testing.T) {

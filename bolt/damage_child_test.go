@@ -1,9 +1,9 @@
 package bolt
 
-// Hostile review of "a file that cannot hang the service" (issue 11): damaged
-// bbolt files, each opened and used in a child process (so that a crash,
-// a fatal runtime error, a hang or runaway growth is observed, not suffered),
-// bounded by 60 s, 8 GiB of address space and 1 GiB of file size.
+// A damaged file cannot hang the service: damaged bbolt files, each opened
+// and used in a child process (so that a crash, a fatal runtime error, a
+// hang or runaway growth is observed, not suffered), bounded by 60 s, 8 GiB
+// of address space and 1 GiB of file size.
 
 import (
 	"bytes"
@@ -249,7 +249,7 @@ func branchRoot(t *testing.T) (string, []byte, int) {
 	return path, data, root
 }
 
-// --- attacks ------------------------------------------------------------
+// --- damaged files ------------------------------------------------------
 
 // A branch page whose first child is itself: the tree is a cycle.
 func TestHostileBranchCycle(t *testing.T) {
@@ -466,7 +466,7 @@ func TestHostileTruncation(t *testing.T) {
 	}
 }
 
-// Every page's header and first elements, each field set to hostile
+// Every page's header and first elements, each field set to extreme
 // values, one at a time.
 func TestHostileFieldSweep(t *testing.T) {
 	path := recordsFile(t)
@@ -522,7 +522,7 @@ func TestHostileFieldSweep(t *testing.T) {
 	}
 }
 
-// Checksum-valid meta pages with hostile fields.
+// Checksum-valid meta pages with extreme fields.
 func TestHostileMetaFields(t *testing.T) {
 	path := recordsFile(t)
 	data, err := os.ReadFile(path)

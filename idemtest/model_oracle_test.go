@@ -1,8 +1,8 @@
 package idemtest
 
-// Tests of RunModel's own oracle and driver, from a hostile review of it:
-// each failed on the model as first written, and names the defect it
-// showed.
+// Tests of RunModel's own oracle and driver: each pins a verdict the model
+// must reach, and its comment says the mistake it rules out (each failed
+// on the model as first written).
 
 import (
 	"context"
@@ -15,10 +15,10 @@ import (
 	"github.com/seed094d4201/idem"
 )
 
-// r19World is a memory-only world built by hand, with no rapid.T: the
+// handWorld is a memory-only world built by hand, with no rapid.T: the
 // oracle (check, judge) and the driver's do/async need none.
-func r19World(t *testing.T) *world {
-	w := emptyWorld(t, fmt.Sprintf("r19-%d", sequences.Add(1)))
+func handWorld(t *testing.T) *world {
+	w := emptyWorld(t, fmt.Sprintf("hand-%d", sequences.Add(1)))
 	w.opts = idem.Options{TTL: modelTTL, SweepInterval: -1, Now: w.clock.Now}
 	w.stores = []*modelStore{w.open(0)}
 	t.Cleanup(w.end)
@@ -69,7 +69,7 @@ func TestReview19StaleReleasePermitsDoubleExecution(t *testing.T) {
 // Observer (which sets troubled) leaves no claim to lapse: a key stuck in
 // flight forever passes. About half of all sequences have both flags.
 func TestReview19ClockHeldExcusesStuckKeyInMemoryOnly(t *testing.T) {
-	w := r19World(t)
+	w := handWorld(t)
 	w.troubled.Store(true)    // actMisbehave, long ago, healed
 	w.steppedBack.Store(true) // actClock -2h, perhaps stepped forward again since
 	c := &modelCall{ms: w.stores[0], via: "RunOnce", key: w.key(0), payload: "p", timeout: modelCallCtx,
@@ -86,7 +86,7 @@ func TestReview19ClockHeldExcusesStuckKeyInMemoryOnly(t *testing.T) {
 // the key panicked or any misbehaviour was planned, which actMisbehave
 // marks for every key.
 func TestReview19LibraryPanicExcused(t *testing.T) {
-	w := r19World(t)
+	w := handWorld(t)
 	w.flag(w.panicked, w.key(0)) // an earlier execution of the key panicked, as drawn
 	c := &modelCall{ms: w.stores[0], via: "RunOnce", key: w.key(0), payload: "p", timeout: modelCallCtx,
 		err: errors.New("panicked: runtime error: invalid memory address or nil pointer dereference\ngoroutine 1 [running]: idem.(*Store).begin")}
@@ -101,7 +101,7 @@ func TestReview19LibraryPanicExcused(t *testing.T) {
 // forgotten outcome (a stale cache entry, a Forget that missed memory)
 // passes.
 func TestReview19StaleReplayAfterForget(t *testing.T) {
-	w := r19World(t)
+	w := handWorld(t)
 	key := w.key(0)
 	e1 := w.hist.startExec(1, key, 0, "p")
 	w.hist.endExec(e1, "ok", false, 10, "", time.Time{})
@@ -120,7 +120,7 @@ func TestReview19StaleReplayAfterForget(t *testing.T) {
 // step, and cleared only by a successful Forget: after one heal and a
 // fresh successful execution, ErrOutcomeUnknown is still accepted.
 func TestReview19OutcomeUnknownAcceptedForever(t *testing.T) {
-	w := r19World(t)
+	w := handWorld(t)
 	key := w.key(0)
 	w.disturbAll() // an Observer misbehaved once, long ago
 	w.heal()
@@ -136,7 +136,7 @@ func TestReview19OutcomeUnknownAcceptedForever(t *testing.T) {
 // Under -race: async starts the call's goroutine, whose do() reads
 // w.pending in busy(), and then appends to w.pending, unsynchronised.
 func TestReview19RaceAsyncPending(t *testing.T) {
-	w := r19World(t)
+	w := handWorld(t)
 	for i := 0; i < 4; i++ {
 		w.async(&modelCall{ms: w.stores[0], via: "RunOnce", key: w.key(i % 2), payload: "p", p: plan{end: "ok"}, timeout: modelCallCtx})
 	}
@@ -149,7 +149,7 @@ func TestReview19RaceAsyncPending(t *testing.T) {
 // store's goroutine, which writes c.ran; the driver then reads c.ran (in
 // sync's note and in check) with no synchronisation.
 func TestReview19RaceCallRan(t *testing.T) {
-	w := r19World(t)
+	w := handWorld(t)
 	c := &modelCall{ms: w.stores[0], via: "RunOnce", key: w.key(0), payload: "p", p: plan{end: "block"}, timeout: 50 * time.Millisecond}
 	done := make(chan struct{})
 	go func() { defer close(done); w.do(c) }()
@@ -173,7 +173,7 @@ func TestReview19RaceCallRan(t *testing.T) {
 // another store's execution that starts in between is judged a double
 // execution (false positive), and busy() has no hold yet.
 func TestReview19DroppedTicketCollectedDuringWork(t *testing.T) {
-	w := r19World(t)
+	w := handWorld(t)
 	key := w.key(0)
 	c := &modelCall{ms: w.stores[0], via: "Begin/drop", key: key, payload: "p", p: plan{end: "block"}, timeout: modelCallCtx}
 	w.async(c)

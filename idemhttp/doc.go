@@ -31,25 +31,35 @@
 //   - A handler error, a panic, a 5xx, or a handler still running at the
 //     store's ExecutionTimeout rolls its rows back with the claim: nothing
 //     is remembered, and the key is free for the retry. A 5xx goes to the
-//     client as the handler wrote it; a panic is 500.
+//     client as the handler wrote it; a panic is 500; a handler that ran
+//     past ExecutionTimeout is 503 with Retry-After, whatever it wrote.
 //   - A response streamed (Flush) or a connection taken over (Hijack) is
-//     refused at once (the call fails), and so is a body larger than
-//     Options.MaxStoredBody (Write fails): the request is answered 500 and
-//     its rows roll back.
+//     refused at once (FlushError and Hijack return an error, and every
+//     Write after them fails), and so is a body larger than
+//     Options.MaxStoredBody (the Write past it fails): the request is
+//     answered 500 and its rows roll back.
 //   - The handler must not commit or roll back the transaction itself. On
 //     PostgreSQL it holds a savepoint, so its Commit or Rollback only makes
-//     the request fail with nothing committed; on SQLite its commit is
-//     refused and rolled back. On MySQL a COMMIT (or DDL, which commits)
-//     commits its rows with a claim that has no outcome: the key is then
-//     interrupted, as it would be without InTx.
+//     the request fail (503) with nothing committed; on SQLite its commit
+//     is refused, and either makes the request fail (503) with nothing
+//     committed. On MySQL a ROLLBACK does the same, but a COMMIT (or DDL,
+//     which commits) commits its rows with a claim that has no outcome:
+//     the key is then interrupted, as it would be without InTx, and the
+//     request and its retries are answered 500, "its outcome is unknown",
+//     until an operator settles the key.
 //   - A call to a remote service cannot be in the transaction: make it
 //     before, or through idem.Step with a StepKey the other service
 //     honours, so that a retry does not repeat it.
 //
+// The response goes out as net/http would have sent it unheld: the
+// headers as they stood at WriteHeader, the body, then the trailers.
 // A client that hangs up does not stop the handler: its response is
 // committed, and the retry replays it. A duplicate waits for the
-// transaction to end (up to Options.Wait) and replays its response, or
-// runs the handler itself if it rolled back.
+// transaction to end (up to Options.Wait, then 409) and replays its
+// response. If the transaction rolled back, a duplicate waiting in the
+// same process is answered as the first request was (its 5xx, say), while
+// one in another process finds the key free and runs the handler itself;
+// one whose wait ended first never runs it.
 //
 // On the client, Transport makes one key per logical request (or uses the
 // caller's) and sends it on every attempt, retrying only the outcomes that

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/limit"
+	"github.com/seed094d4201/idem/internal/txrun"
 )
 
 // serveTx is Serve's run in the transactional mode (Options.InTx): the key
@@ -80,8 +82,31 @@ func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.H
 		g.fail(w, req, http.StatusInternalServerError, "The response could not be saved with the request's changes, so nothing was saved; it may be retried with the same key.", 0, err)
 		return
 	}
+	if g.interrupted(r.Context(), storeKey) {
+		// The handler ended the transaction itself, and its COMMIT (MySQL)
+		// kept its rows with a claim that has no outcome: the request is
+		// told what its retries will be, not that nothing was saved.
+		g.opts.Logger.Error("idemhttp: the handler committed its transaction itself, so its rows were kept without its response; the key is interrupted until an operator settles it", lk.with("err", err)...)
+		g.fail(w, req, http.StatusInternalServerError, "A request with this Idempotency-Key was interrupted and its outcome is unknown; it needs an operator.", 0, fmt.Errorf("%w: %w", idem.ErrOutcomeUnknown, err))
+		return
+	}
 	g.opts.Logger.Error("idemhttp: the handler's transaction did not commit; nothing of it was kept", lk.with("err", err)...)
 	g.fail(w, req, http.StatusServiceUnavailable, "The request's changes could not be committed, so nothing was saved; retry with the same key.", g.opts.RetryAfter, err)
+}
+
+// interrupted reports whether key's record stands interrupted after a
+// transaction of the request's that did not commit: the handler committed
+// it itself, keeping the claim without an outcome. A record that cannot be
+// read is not taken for one.
+func (g *Guard) interrupted(ctx context.Context, key string) bool {
+	opts := txrun.Of(g.store).Options()
+	if opts.Backend == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
+	defer cancel()
+	rec, ok, err := opts.Backend.Get(ctx, key, opts.Now())
+	return err == nil && ok && rec.State == backend.StateInterrupted
 }
 
 // errGaveUp ends the run of a request that stopped waiting for its key

@@ -89,6 +89,8 @@ func Run(t *testing.T, h Harness) {
 		{"ExecutionTimeoutRollsBackWith503", testExecutionTimeout},
 		{"DuplicateWaitsThenReplays", func(t *testing.T, h Harness) { testDuplicateWaits(t, h, false) }},
 		{"DuplicateFromSecondStoreWaitsThenReplays", func(t *testing.T, h Harness) { testDuplicateWaits(t, h, true) }},
+		{"DuplicateOfARollbackGetsItsAnswer", func(t *testing.T, h Harness) { testDuplicateOfRollback(t, h, false) }},
+		{"DuplicateFromSecondStoreOfARollbackRunsItself", func(t *testing.T, h Harness) { testDuplicateOfRollback(t, h, true) }},
 		{"DuplicateIs409AfterWait", func(t *testing.T, h Harness) { testDuplicate409(t, h, false) }},
 		{"DuplicateFromSecondStoreIs409AfterWait", func(t *testing.T, h Harness) { testDuplicate409(t, h, true) }},
 		{"DuplicateThatGaveUpDoesNotRunAfterRollback", func(t *testing.T, h Harness) { testGaveUp(t, h, false) }},
@@ -110,11 +112,19 @@ type server struct {
 type handler func(run int32, w http.ResponseWriter, r *http.Request)
 
 // serve starts a real TCP server with the middleware in the
-// transactional mode over store. arrived, if not nil, is called with each
-// request before the middleware sees it.
-func serve(t *testing.T, h Harness, store *idem.Store[idemhttp.Response], opts idemhttp.Options, arrived func(), next handler) *server {
+// transactional mode over store. claiming, if not nil, is called as each
+// request's claim of its key begins: a duplicate in this process waits on
+// the key's owner from then on, but for the few instructions to the
+// wait.
+func serve(t *testing.T, h Harness, store *idem.Store[idemhttp.Response], opts idemhttp.Options, claiming func(), next handler) *server {
 	t.Helper()
 	opts.InTx = h.InTx
+	if claiming != nil {
+		opts.InTx = func(ctx context.Context, s *idem.Store[idemhttp.Response], key string, payload any, fn func(context.Context) (idemhttp.Response, error)) (idemhttp.Response, error) {
+			claiming()
+			return h.InTx(ctx, s, key, payload, fn)
+		}
+	}
 	if opts.Scope == nil {
 		opts.Unscoped = true
 	}
@@ -125,12 +135,7 @@ func serve(t *testing.T, h Harness, store *idem.Store[idemhttp.Response], opts i
 	guarded := idemhttp.Middleware(store, opts)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		next(s.runs.Add(1), w, r)
 	}))
-	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if arrived != nil {
-			arrived()
-		}
-		guarded.ServeHTTP(w, r)
-	}))
+	s.Server = httptest.NewServer(guarded)
 	t.Cleanup(s.Close)
 	return s
 }
@@ -431,15 +436,19 @@ func testEndsItsTx(t *testing.T, h Harness, commit bool) {
 		_, _ = io.WriteString(w, "charged")
 	}, charge(f)))
 	r := mustPost(t, srv.URL, "k", "p")
-	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode, "the outcome could not be committed with the response: %s", r.body)
 	assert.Empty(t, r.Header.Get("X-Handler"))
 	assert.NotContains(t, r.body, "charged")
 	if !commit || !h.SelfCommitKeeps {
+		assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode, "nothing was committed: %s", r.body)
 		isRolledBack(t, f, srv, "k", "p")
 		return
 	}
 	// MySQL: the COMMIT took the row and the claim, whose lease had lapsed
-	// already, with no outcome: the key is interrupted.
+	// already, with no outcome: the key is interrupted, and the request is
+	// told so, as its retries are, not that nothing was saved.
+	assert.Equal(t, http.StatusInternalServerError, r.StatusCode, r.body)
+	assert.Contains(t, r.body, "outcome is unknown")
+	assert.Empty(t, r.Header.Get("Retry-After"), "retrying cannot help until an operator settles the key")
 	assert.Equal(t, 1, f.Charges(), "the handler's COMMIT kept its row")
 	assert.Equal(t, "interrupted", keyState(t, f.Store, "k"), "with a claim that has no outcome")
 	retry := mustPost(t, srv.URL, "k", "p")
@@ -576,14 +585,14 @@ func testExecutionTimeout(t *testing.T, h Harness) {
 }
 
 // duplicates returns the server a duplicate is sent to: srv itself, or
-// one over a second store on the same tables; arrived hears of each
-// request there.
-func duplicates(t *testing.T, h Harness, f *Fixture, second bool, opts idemhttp.Options, arrived func()) *server {
+// one over a second store on the same tables; claiming hears of each
+// request's claim there (see serve).
+func duplicates(t *testing.T, h Harness, f *Fixture, second bool, opts idemhttp.Options, claiming func()) *server {
 	if !second {
-		// The duplicate's own Wait needs its own guard over the same store.
-		return serve(t, h, f.Store, opts, arrived, charge(f))
+		// The duplicate's own options need their own guard over the same store.
+		return serve(t, h, f.Store, opts, claiming, charge(f))
 	}
-	return serve(t, h, f.Second(t, idem.Options{}), opts, arrived, charge(f))
+	return serve(t, h, f.Second(t, idem.Options{}), opts, claiming, charge(f))
 }
 
 // testDuplicateWaits: a duplicate that arrives while the first request's
@@ -592,12 +601,12 @@ func testDuplicateWaits(t *testing.T, h Harness, second bool) {
 	f := h.New(t, idem.Options{})
 	started, release := make(chan struct{}), make(chan struct{})
 	srv := serve(t, h, f.Store, idemhttp.Options{}, nil, blocked(f, started, release, 0))
-	arrived := make(chan struct{}, 1)
-	dupSrv := duplicates(t, h, f, second, idemhttp.Options{}, func() { arrived <- struct{}{} })
+	claiming := make(chan struct{}, 1)
+	dupSrv := duplicates(t, h, f, second, idemhttp.Options{}, func() { claiming <- struct{}{} })
 	first := postAsync(srv.URL, "k", "p")
 	<-started
 	dup := postAsync(dupSrv.URL, "k", "p")
-	<-arrived // at the middleware, with the first's transaction still open
+	<-claiming // with the first's transaction still open
 	assert.Equal(t, 0, f.Charges(), "nothing is committed before the response is ready")
 	close(release)
 	r1, r2 := <-first, <-dup
@@ -605,6 +614,38 @@ func testDuplicateWaits(t *testing.T, h Harness, second bool) {
 	isReplayOf(t, r1, r2)
 	assert.Equal(t, int32(1), srv.runs.Load()+dupSrv.runs.Load(), "the handler ran once")
 	assert.Equal(t, 1, f.Charges())
+}
+
+// testDuplicateOfRollback: a duplicate waiting while the first's
+// transaction is open, which then rolls back (a 5xx): one in the same
+// process is answered as the first was, its 5xx replayed, and the key is
+// free; one in another process, whose claim waited on the database, finds
+// the key free and runs the handler itself.
+func testDuplicateOfRollback(t *testing.T, h Harness, second bool) {
+	f := h.New(t, idem.Options{})
+	started, release := make(chan struct{}), make(chan struct{})
+	srv := serve(t, h, f.Store, idemhttp.Options{}, nil, firstThen(blocked(f, started, release, http.StatusBadGateway), charge(f)))
+	claiming := make(chan struct{}, 1)
+	dupSrv := duplicates(t, h, f, second, idemhttp.Options{}, func() { claiming <- struct{}{} })
+	first := postAsync(srv.URL, "k", "p")
+	<-started
+	dup := postAsync(dupSrv.URL, "k", "p")
+	<-claiming
+	close(release)
+	r1, r2 := <-first, <-dup
+	assert.Equal(t, http.StatusBadGateway, r1.StatusCode, r1.body)
+	if !second {
+		assert.Equal(t, http.StatusBadGateway, r2.StatusCode, r2.body)
+		assert.Equal(t, r1.body, r2.body)
+		assert.Equal(t, "true", r2.Header.Get(idemhttp.ReplayedHeader), "the first's answer")
+		assert.Zero(t, dupSrv.runs.Load())
+		isRolledBack(t, f, srv, "k", "p")
+		return
+	}
+	isFirstAnswer(t, r2)
+	assert.Equal(t, int32(1), dupSrv.runs.Load(), "the duplicate ran the handler itself")
+	assert.Equal(t, 1, f.Charges())
+	assert.Equal(t, "completed", keyState(t, f.Store, "k"))
 }
 
 // testDuplicate409: a duplicate whose Options.Wait ends while the first's

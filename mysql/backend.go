@@ -498,17 +498,22 @@ func queryOne(ctx context.Context, q querier, query string, args []any, extra ..
 // scanRecord reads a record of seenColumns, and any columns after them
 // into extra.
 func scanRecord(rows *sql.Rows, extra ...any) (found, error) {
-	var (
-		f                       found
-		key, fp, token, errMsg  []byte
-		steps                   []byte
-		state                   int64
-		created, expires, lease sql.NullInt64
-	)
-	dest := append([]any{&key, &fp, &token, &state, &created, &expires, &lease, &f.rec.Value, &f.rec.Failed, &errMsg, &steps, &f.expired}, extra...)
-	if err := rows.Scan(dest...); err != nil {
+	// One allocation for every destination (each would escape on its
+	// own); the bytes read in place (RawBytes) are copied once, into the
+	// record's strings, before the next row.
+	var c struct {
+		f                             found
+		key, fp, token, errMsg, steps sql.RawBytes
+		state                         int64
+		created, expires, lease       sql.NullInt64
+		dest                          [12]any
+	}
+	f := &c.f
+	c.dest = [12]any{&c.key, &c.fp, &c.token, &c.state, &c.created, &c.expires, &c.lease, &f.rec.Value, &f.rec.Failed, &c.errMsg, &c.steps, &f.expired}
+	if err := rows.Scan(append(c.dest[:], extra...)...); err != nil {
 		return found{}, err
 	}
+	key, fp, token, errMsg, steps, state, created, expires, lease := c.key, c.fp, c.token, c.errMsg, c.steps, c.state, c.created, c.expires, c.lease
 	f.ok = true
 	f.rec.Key, f.rec.Token, f.rec.ErrMsg = string(key), string(token), string(errMsg)
 	if len(fp) != len(f.rec.Fingerprint) {
@@ -521,7 +526,7 @@ func scanRecord(rows *sql.Rows, extra ...any) (found, error) {
 	}
 	f.rec.State = backend.RecordState(state)
 	f.rec.CreatedAt, f.rec.ExpiresAt, f.rec.LeaseUntil = instant(created), instant(expires), instant(lease)
-	return f, nil
+	return *f, nil
 }
 
 // instant is a column of microseconds since the Unix epoch, or the zero

@@ -2,11 +2,7 @@ package idem_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,64 +21,43 @@ import (
 func TestClockStepsAtEveryCallRunEachKeyOnce(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
-	mem := idemtest.NewMemoryBackend()
-	var mu sync.Mutex
-	rng := rand.New(rand.NewPCG(1, 2))
+	roll := roller(1, 2)
 	step := func(string) error {
-		mu.Lock()
-		d := time.Duration(rng.Int64N(int64(6*time.Hour))) - 3*time.Hour
-		mu.Unlock()
-		clock.Advance(d)
+		clock.Advance(time.Duration(roll(int64(6*time.Hour))) - 3*time.Hour)
 		return nil
 	}
-	quiet := slog.New(slog.DiscardHandler)
-	var stores []*idem.Store[string]
-	for _, mode := range []string{"plain", "RetryInterrupted", "Resume"} {
-		o := idem.Options{Backend: idemtest.Faulty{Backend: mem, Fail: step}, Now: clock.Now, Lease: lease, Logger: quiet}
-		o.RetryInterrupted = mode == "RetryInterrupted"
-		o.Resume = mode == "Resume"
-		s := idem.New[string](o)
+	b := idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: step}
+	stores := modeStores(b, idem.Options{Now: clock.Now, Lease: lease, Logger: slog.New(slog.DiscardHandler)})
+	for _, s := range stores {
 		defer closeWithin(t, s, 10*time.Second)
-		stores = append(stores, s)
 	}
 	const keys, callers = 4, 3
 	var runs, active [keys]atomic.Int64
 	var overlapped atomic.Bool
-	var wg sync.WaitGroup
-	for k := range keys {
-		key := fmt.Sprintf("k%d", k)
-		for _, s := range stores {
-			for range callers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-					defer cancel()
-					v, err := s.RunOnce(ctx, key, "p", func(ctx context.Context) (string, error) {
-						runs[k].Add(1)
-						if active[k].Add(1) > 1 {
-							overlapped.Store(true)
-						}
-						defer active[k].Add(-1)
-						// The work outlasts several leases: renewals and
-						// watches happen while it runs.
-						select {
-						case <-time.After(3 * lease):
-						case <-ctx.Done():
-							return "", context.Cause(ctx)
-						}
-						return "done " + key, nil
-					})
-					if err != nil {
-						t.Errorf("%s: %v", key, err)
-					} else if v != "done "+key {
-						t.Errorf("%s: got %q", key, v)
-					}
-				}()
+	callEach(stores, keys, callers, func(k int, key string, s *idem.Store[string]) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		v, err := s.RunOnce(ctx, key, "p", func(ctx context.Context) (string, error) {
+			runs[k].Add(1)
+			if active[k].Add(1) > 1 {
+				overlapped.Store(true)
 			}
+			defer active[k].Add(-1)
+			// The work outlasts several leases: renewals and watches
+			// happen while it runs.
+			select {
+			case <-time.After(3 * lease):
+			case <-ctx.Done():
+				return "", context.Cause(ctx)
+			}
+			return "done " + key, nil
+		})
+		if err != nil {
+			t.Errorf("%s: %v", key, err)
+		} else if v != "done "+key {
+			t.Errorf("%s: got %q", key, v)
 		}
-	}
-	wg.Wait()
+	})
 	assert.False(t, overlapped.Load(), "a key's fn ran twice at once")
 	for k := range keys {
 		assert.Equal(t, int64(1), runs[k].Load(), "key k%d ran %d times", k, runs[k].Load())
@@ -97,85 +72,41 @@ func TestClockStepsAtEveryCallRunEachKeyOnce(t *testing.T) {
 func TestClockStepsAndLostRenewalsNeverOverlapALiveOwner(t *testing.T) {
 	const lease = 200 * time.Millisecond
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
-	mem := idemtest.NewMemoryBackend()
-	var mu sync.Mutex
-	rng := rand.New(rand.NewPCG(3, 4))
-	chance := func(n int64) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return rng.Int64N(n) == 0
-	}
+	roll := roller(3, 4)
 	fail := func(op string) error {
-		mu.Lock()
-		d := time.Duration(rng.Int64N(int64(6*time.Hour))) - 3*time.Hour
-		mu.Unlock()
-		clock.Advance(d)
-		if op == "Renew" && chance(3) {
+		clock.Advance(time.Duration(roll(int64(6*time.Hour))) - 3*time.Hour)
+		if op == "Renew" && roll(3) == 0 {
 			return errLost
 		}
 		return nil
 	}
 	lose := func(op string) error {
-		if op != "Renew" && op != "Get" && chance(10) {
+		if op != "Renew" && op != "Get" && roll(10) == 0 {
 			return errLost
 		}
 		return nil
 	}
-	quiet := slog.New(slog.DiscardHandler)
-	var stores []*idem.Store[string]
-	for _, mode := range []string{"plain", "RetryInterrupted", "Resume"} {
-		o := idem.Options{Backend: idemtest.Faulty{Backend: mem, Fail: fail, Lose: lose}, Now: clock.Now, Lease: lease, SettleTimeout: time.Second, Logger: quiet}
-		o.RetryInterrupted = mode == "RetryInterrupted"
-		o.Resume = mode == "Resume"
-		s := idem.New[string](o)
+	b := idemtest.Faulty{Backend: idemtest.NewMemoryBackend(), Fail: fail, Lose: lose}
+	stores := modeStores(b, idem.Options{Now: clock.Now, Lease: lease, SettleTimeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	for _, s := range stores {
 		defer closeWithin(t, s, 10*time.Second)
-		stores = append(stores, s)
 	}
-	const keys, callers = 4, 3
-	var running [keys]struct {
-		sync.Mutex
-		ctxs []context.Context
-	}
-	var overlapped atomic.Bool
-	var wg sync.WaitGroup
-	for k := range keys {
-		key := fmt.Sprintf("k%d", k)
-		for _, s := range stores {
-			for range callers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-					defer cancel()
-					_, _ = s.RunOnce(ctx, key, "p", func(ctx context.Context) (string, error) {
-						r := &running[k]
-						r.Lock()
-						for _, other := range r.ctxs {
-							if other.Err() == nil {
-								overlapped.Store(true)
-							}
-						}
-						r.ctxs = append(r.ctxs, ctx)
-						r.Unlock()
-						defer func() {
-							r.Lock()
-							r.ctxs = slices.DeleteFunc(r.ctxs, func(c context.Context) bool { return c == ctx })
-							r.Unlock()
-						}()
-						if _, err := idem.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
-							return "", err
-						}
-						select {
-						case <-time.After(3 * lease):
-						case <-ctx.Done():
-							return "", context.Cause(ctx)
-						}
-						return "done " + key, nil
-					})
-				}()
+	var live liveRuns
+	callEach(stores, 4, 3, func(_ int, key string, s *idem.Store[string]) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, _ = s.RunOnce(ctx, key, "p", func(ctx context.Context) (string, error) {
+			defer live.start(ctx, key)()
+			if _, err := idem.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
+				return "", err
 			}
-		}
-	}
-	wg.Wait()
-	assert.False(t, overlapped.Load(), "a key's fn started while another run of it went on under a live context")
+			select {
+			case <-time.After(3 * lease):
+			case <-ctx.Done():
+				return "", context.Cause(ctx)
+			}
+			return "done " + key, nil
+		})
+	})
+	assert.False(t, live.overlapped.Load(), "a key's fn started while another run of it went on under a live context")
 }

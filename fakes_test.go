@@ -3,8 +3,11 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -234,4 +237,139 @@ func mustFingerprint(t *testing.T, payload any) idem.Fingerprint {
 	fp, err := idem.DefaultFingerprint(payload)
 	require.NoError(t, err)
 	return fp
+}
+
+// modeStores returns a store over b with o in each mode a key's owner may
+// run in: plain, RetryInterrupted and Resume.
+func modeStores(b backend.Backend, o idem.Options) []*idem.Store[string] {
+	var stores []*idem.Store[string]
+	for _, mode := range []string{"plain", "RetryInterrupted", "Resume"} {
+		o.Backend = b
+		o.RetryInterrupted = mode == "RetryInterrupted"
+		o.Resume = mode == "Resume"
+		stores = append(stores, idem.New[string](o))
+	}
+	return stores
+}
+
+// roller returns the Int64N of a rand seeded with seed, safe for the
+// goroutines of a test to share.
+func roller(seed1, seed2 uint64) func(n int64) int64 {
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(seed1, seed2))
+	return func(n int64) int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return rng.Int64N(n)
+	}
+}
+
+// callEach calls call for each of callers callers of each of keys keys
+// (k0, k1, ...) on each of stores, each on a goroutine of its own, and
+// returns once every call has returned or ended its goroutine.
+func callEach(stores []*idem.Store[string], keys, callers int, call func(k int, key string, s *idem.Store[string])) {
+	var wg sync.WaitGroup
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		for _, s := range stores {
+			for range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					call(k, key, s)
+				}()
+			}
+		}
+	}
+	wg.Wait()
+}
+
+// liveRuns tells whether a run of a key started while another run of it
+// went on under a live context.
+type liveRuns struct {
+	mu         sync.Mutex
+	ctxs       map[string][]context.Context
+	overlapped atomic.Bool
+}
+
+// start notes a run of key under ctx; the func it returns notes its end.
+func (l *liveRuns) start(ctx context.Context, key string) (end func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, other := range l.ctxs[key] {
+		if other.Err() == nil {
+			l.overlapped.Store(true)
+		}
+	}
+	if l.ctxs == nil {
+		l.ctxs = map[string][]context.Context{}
+	}
+	l.ctxs[key] = append(l.ctxs[key], ctx)
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.ctxs[key] = slices.DeleteFunc(l.ctxs[key], func(c context.Context) bool { return c == ctx })
+	}
+}
+
+// catchEscape calls f and keeps in escaped any panic that leaves it.
+func catchEscape(escaped *atomic.Value, f func()) {
+	returned := false
+	defer func() {
+		if !returned {
+			if v := recover(); v != nil {
+				escaped.Store(fmt.Sprint(v))
+			}
+		}
+	}()
+	f()
+	returned = true
+}
+
+// everyKeyAnswers runs each of keys keys (k0, k1, ...) on s and fails the
+// test unless each answers "done <key>" within 10 s: none was left stuck.
+func everyKeyAnswers(t *testing.T, s *idem.Store[string], keys int) {
+	t.Helper()
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		v, err := s.RunOnce(ctx, key, "p", func(context.Context) (string, error) { return "done " + key, nil })
+		cancel()
+		require.NoError(t, err, "key %s was left stuck", key)
+		require.Equal(t, "done "+key, v)
+	}
+}
+
+// ownerRunning starts a RunOnce of key on s whose fn runs until its
+// context ends (it honours it), and returns that context once fn runs and
+// the channel RunOnce's error comes on.
+func ownerRunning(s *idem.Store[string], key string) (context.Context, <-chan error) {
+	owner := make(chan context.Context, 1)
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.RunOnce(context.Background(), key, "p", func(ctx context.Context) (string, error) {
+			owner <- ctx
+			<-ctx.Done()
+			return "", context.Cause(ctx)
+		})
+		first <- err
+	}()
+	return <-owner, first
+}
+
+// takeOver runs key on s, within 10 s, with an fn that answers "second",
+// and tells whether that fn started before the owner's context octx ended.
+func takeOver(s *idem.Store[string], key string, octx context.Context) (v string, overlapped bool, err error) {
+	var early atomic.Bool
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err = s.RunOnce(ctx, key, "p", func(context.Context) (string, error) {
+		select {
+		case <-octx.Done():
+		default:
+			early.Store(true)
+		}
+		return "second", nil
+	})
+	return v, early.Load(), err
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemtest"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // wildCodec is JSON, but misbehaves as its test says.
@@ -83,32 +82,25 @@ func TestMisbehavingForeignCodeStrandsNothing(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				returned := false
-				defer func() {
-					if !returned {
-						if v := recover(); v != nil {
-							escaped.Store(fmt.Sprint(v))
+				catchEscape(&escaped, func() {
+					ctx := context.Background()
+					if c%2 == 0 { // fn then runs on RunOnce's own goroutine
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+						defer cancel()
+					}
+					_, _ = s.RunOnce(ctx, key, "p", func(ctx context.Context) (string, error) {
+						if _, err := idem.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
+							return "", err
 						}
-					}
-				}()
-				ctx := context.Background()
-				if c%2 == 0 { // fn then runs on RunOnce's own goroutine
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-					defer cancel()
-				}
-				_, _ = s.RunOnce(ctx, key, "p", func(ctx context.Context) (string, error) {
-					if _, err := idem.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
-						return "", err
-					}
-					select {
-					case <-time.After(150 * time.Millisecond): // past a renewal
-					case <-ctx.Done():
-						return "", context.Cause(ctx)
-					}
-					return "done " + key, nil
+						select {
+						case <-time.After(150 * time.Millisecond): // past a renewal
+						case <-ctx.Done():
+							return "", context.Cause(ctx)
+						}
+						return "done " + key, nil
+					})
 				})
-				returned = true
 			}()
 		}
 	}
@@ -119,12 +111,5 @@ func TestMisbehavingForeignCodeStrandsNothing(t *testing.T) {
 	sick.Store(false)
 	s = idem.New[string](opts)
 	defer closeWithin(t, s, 10*time.Second)
-	for k := range keys {
-		key := fmt.Sprintf("k%d", k)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		v, err := s.RunOnce(ctx, key, "p", func(context.Context) (string, error) { return "done " + key, nil })
-		cancel()
-		require.NoError(t, err, "key %s was left stuck", key)
-		require.Equal(t, "done "+key, v)
-	}
+	everyKeyAnswers(t, s, keys)
 }

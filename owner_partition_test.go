@@ -1,10 +1,8 @@
 package idem_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,33 +42,13 @@ func TestPartitionedOwnerKeepsItsKeyThroughAClockStep(t *testing.T) {
 			s1 := idem.New[string](o1)
 			defer closeWithin(t, s1, 5*time.Second)
 
-			owner := make(chan context.Context, 1)
-			first := make(chan error, 1)
-			go func() {
-				_, err := s0.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (string, error) {
-					owner <- ctx
-					<-ctx.Done() // honours its context
-					return "", context.Cause(ctx)
-				})
-				first <- err
-			}()
-			octx := <-owner
+			octx, first := ownerRunning(s0, "k")
 			clock.Advance(2 * time.Hour)
 
-			var overlapped atomic.Bool
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			v, err := s1.RunOnce(ctx, "k", "p", func(context.Context) (string, error) {
-				select {
-				case <-octx.Done():
-				default:
-					overlapped.Store(true)
-				}
-				return "second", nil
-			})
+			v, overlapped, err := takeOver(s1, "k", octx)
 			require.NoError(t, err)
 			assert.Equal(t, "second", v)
-			assert.False(t, overlapped.Load(), "the key was taken over while its partitioned owner still trusted its lease: fn ran twice at once")
+			assert.False(t, overlapped, "the key was taken over while its partitioned owner still trusted its lease: fn ran twice at once")
 			assert.ErrorIs(t, <-first, idem.ErrLeaseLost)
 		})
 	}

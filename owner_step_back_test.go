@@ -53,35 +53,15 @@ func TestClockStepBackDuringARenewalIsNoProofOfDeath(t *testing.T) {
 	s1 := idem.New[string](idem.Options{Backend: mem, Now: clock.Now, Lease: lease, RetryInterrupted: true, Logger: quiet})
 	defer closeWithin(t, s1, 5*time.Second)
 
-	owner := make(chan context.Context, 1)
-	first := make(chan error, 1)
-	go func() {
-		_, err := s0.RunOnce(context.Background(), "k", "p", func(ctx context.Context) (string, error) {
-			owner <- ctx
-			<-ctx.Done() // honours its context
-			return "", context.Cause(ctx)
-		})
-		first <- err
-	}()
-	octx := <-owner
+	octx, first := ownerRunning(s0, "k")
 	clock.Advance(-3 * time.Hour)
 	armed.Store(true)
 	<-landed
 	clock.Advance(3 * time.Hour)
 
-	var overlapped atomic.Bool
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	v, err := s1.RunOnce(ctx, "k", "p", func(context.Context) (string, error) {
-		select {
-		case <-octx.Done():
-		default:
-			overlapped.Store(true)
-		}
-		return "second", nil
-	})
+	v, overlapped, err := takeOver(s1, "k", octx)
 	require.NoError(t, err)
 	assert.Equal(t, "second", v)
-	assert.False(t, overlapped.Load(), "the key was taken from its live owner at once: fn ran twice at once")
+	assert.False(t, overlapped, "the key was taken from its live owner at once: fn ran twice at once")
 	assert.ErrorIs(t, <-first, idem.ErrLeaseLost)
 }

@@ -37,8 +37,9 @@ import (
 // just after it (its response not sent), then restarted on the same
 // database and the same listening socket. Four clients, each an
 // http.Client over idemhttp.Transport, send orders (each with its one key
-// and one body on every attempt) through a proxy that loses some replies
-// after the server answered. When the clients are done:
+// and one body on every attempt; some from two callers at once) through a
+// proxy that loses some replies after the server answered, and hangs up on
+// the server for some requests. When the clients are done:
 //
 //   - every order has exactly one charge row;
 //   - every order's client got, byte for byte, the answer committed with
@@ -113,6 +114,12 @@ func httpTxKillLoop(t *testing.T, kind, name, charges string) {
 
 	env := []string{httpTxEnv + "=" + kind, httpTxNameEnv + "=" + name, httpTxChargesEnv + "=" + charges}
 	c := startHTTPTxChild(t, lnFile, env...)
+	t.Cleanup(func() { // a test that ends early leaves no child behind
+		if c.cmd.ProcessState == nil {
+			_ = c.cmd.Process.Kill()
+			_ = c.cmd.Wait()
+		}
+	})
 	clientsCtx, endClients := context.WithCancel(ctx)
 	t.Cleanup(endClients) // a test that ends early ends its clients too
 	clients := &httpTxClientsRun{ctx: clientsCtx, url: front.URL, stop: make(chan struct{})}

@@ -119,7 +119,9 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 	if err != nil {
 		return zero, &idem.BackendError{Op: "claim", Err: err}, false
 	}
-	defer func() { sess.close(ctx, txrun.Of(store).Options().SettleTimeout) }()
+	// settled: this call's own COMMIT or ROLLBACK ended the transaction.
+	var settled bool
+	defer func() { sess.release(ctx, txrun.Of(store).Options().SettleTimeout, settled) }()
 	var (
 		tx  *sql.Tx
 		rec found
@@ -145,9 +147,13 @@ func runOnceTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, key
 		sess.spoiled = true
 		return zero, &idem.BackendError{Op: "claim", Err: err}, false
 	}
-	defer sess.rollback(tx) // a no-op once committed
+	defer func() {
+		if !settled { // else committed
+			settled = sess.ended(tx)
+		}
+	}()
 	if rec.rec.Token == claim.Token {
-		val, err := runTx(ctx, store, b, sess, tx, claim, start, fn)
+		val, err := runTx(ctx, store, b, sess, tx, claim, start, fn, &settled)
 		return val, err, false
 	}
 	return txrun.Answer(store, rec.rec, fp)
@@ -182,7 +188,8 @@ func claimTx(ctx context.Context, tx *sql.Tx, b *Backend, key, fp, token []byte,
 }
 
 // runTx runs fn in a savepoint of tx, which holds the new claim, made
-// after start, and commits the outcome, or rolls everything back.
+// after start, and commits the outcome, or rolls everything back; settled
+// says whether its COMMIT was answered.
 //
 // The outcome's expiry is not the session's now after fn: fn may have SET
 // the session's timestamp, which UTC_TIMESTAMP follows, and a clock set
@@ -190,7 +197,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, b *Backend, key, fp, token []byte,
 // would run fn again. It is the claim's instant, made by the server
 // before fn ran, plus the time since start on this process's monotonic
 // clock (a duration, which travels), plus the TTL.
-func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *session, tx *sql.Tx, claim backend.Record, start time.Time, fn func(context.Context, *sql.Tx) (R, error)) (val R, err error) {
+func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *session, tx *sql.Tx, claim backend.Record, start time.Time, fn func(context.Context, *sql.Tx) (R, error), settled *bool) (val R, err error) {
 	opts := txrun.Of(store).Options()
 	if _, err := tx.ExecContext(ctx, `SAVEPOINT `+savepoint); err != nil {
 		sess.spoiled = true
@@ -234,7 +241,9 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, sess *s
 	if cerr != nil {
 		return val, txrun.Unrecorded(err, b.oversized(explained(cerr), len(done.Value)+len(done.ErrMsg)))
 	}
-	if cerr := tx.Commit(); cerr != nil && !committed(ctx, b, opts, sess, done, cerr) {
+	cerr = tx.Commit()
+	*settled = cerr == nil
+	if cerr != nil && !committed(ctx, b, opts, sess, done, cerr) {
 		return val, txrun.Unrecorded(err, fmt.Errorf("mysql: committing: %w", cerr))
 	}
 	return val, err

@@ -45,6 +45,12 @@ func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.H
 		return resp, nil
 	})
 	if !wait.started() { // a replay, or why there is none: no handler ran here
+		if err != nil && !errors.Is(err, idem.ErrInProgress) && wait.ctx.Err() != nil && errors.Is(err, wait.ctx.Err()) {
+			// The wait ended (Options.Wait, or the client hung up) before
+			// the claim was even tried: as for any wait that ran out,
+			// retry later. A client can cause this at will: no error log.
+			err = fmt.Errorf("%w: %w", idem.ErrInProgress, err)
+		}
 		g.answer(w, req, next, resp, err, scope, lk)
 		return
 	}
@@ -137,6 +143,9 @@ func newWaitBound(client context.Context, wait time.Duration) *waitBound {
 	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(client))
 	b.timer = time.AfterFunc(wait, b.giveUp)
 	b.stopHangUp = context.AfterFunc(client, b.giveUp)
+	if client.Err() != nil { // gone already: AfterFunc's own goroutine may come too late
+		b.giveUp()
+	}
 	return b
 }
 

@@ -16,11 +16,14 @@ import (
 // roundTripsNewKey is how many round trips a new key in RunOnceTx costs,
 // the caller's own transaction (START TRANSACTION, its write, COMMIT)
 // included, on a DSN with interpolateParams (every statement one round
-// trip). What it adds (database/sql sends each statement on its own, and
-// *sql.Tx's BEGIN and COMMIT alone): the session's settings (autocommit
-// off, the server's clock, read committed) and their undoing, the claim,
-// the savepoint fn runs in and its release, and the outcome.
-const roundTripsNewKey = 11
+// trip). database/sql sends each statement on its own, and *sql.Tx's
+// BEGIN and COMMIT alone, so what it adds is a statement each: the
+// session's settings (autocommit off, the server's clock) and their
+// undoing, read committed (database/sql's SET TRANSACTION before the
+// BEGIN), the claim, the savepoint fn runs in and its release, and the
+// outcome. (11 while the session's return to the pool began with a
+// ROLLBACK after the COMMIT.)
+const roundTripsNewKey = 10
 
 // The round trips of a new key in RunOnceTx, counted on the wire (a round
 // trip is the client writing after it has read, or for the first time),

@@ -36,9 +36,9 @@ func (h *payHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Two bodies a struct reads as two requests never share a JSONFingerprint
-// (from the hostile review of issue 22: keys that differ only in case, and
-// a repeated object that a struct merges, fingerprinted alike, and the
-// second request got the first one's charge replayed). Such a body is 400:
+// (keys that differ only in case, and a repeated object that a struct
+// merges, were once fingerprinted alike, and the second request got the
+// first one's charge replayed). Such a body is 400:
 // nothing runs and nothing is remembered.
 func TestJSONFingerprintRefusesWhatAStructReadsOtherwise(t *testing.T) {
 	h := &payHandler{}

@@ -143,9 +143,8 @@ func TestJSONFingerprintRefusesWhatIsNotOneJSONValue(t *testing.T) {
 		`"\u12g4"`:        `\u escape`,
 		"\xef\xbb\xbf{}":  "invalid byte 0xef in value",
 		`'a'`:             "invalid character '\\'' in value",
-		// Keys a struct cannot tell apart (from the hostile review of
-		// issue 22: each pair fingerprinted alike, yet a struct read them
-		// as other requests).
+		// Keys a struct cannot tell apart (each pair was once
+		// fingerprinted alike, yet a struct read them as other requests).
 		`{"a":1,"a":2}`:                                "cannot tell apart",
 		`{"a":1,"b":0,"\u0061":2}`:                     "cannot tell apart",
 		`{"to":"alice","amount":1,"AMOUNT":5000}`:      "cannot tell apart",

@@ -133,8 +133,8 @@ func TestUnscopedStoreKey(t *testing.T) {
 }
 
 // A duplicate waiting on a key in flight spends none of its scope's quota
-// (from the hostile review of issue 22: a client's ordinary retry of a slow
-// request made its next key a 429).
+// (a client's ordinary retry of a slow request once made its next key a
+// 429).
 func TestWaitingDuplicateSpendsNoQuota(t *testing.T) {
 	gate, entered := make(chan struct{}), make(chan struct{}, 1)
 	h := &charges{}
@@ -200,8 +200,8 @@ func TestRetryAfterForTheLongestWindow(t *testing.T) {
 }
 
 // A duplicate whose client hung up stops waiting and frees its MaxWaiters
-// slot (from the whole-library attack: it held its goroutine, body and
-// slot for the whole Wait, and the live client's own retry was 409).
+// slot (it once held its goroutine, body and slot for the whole Wait, and
+// the live client's own retry was 409).
 func TestHungUpDuplicateFreesItsSlot(t *testing.T) {
 	gate, entered := make(chan struct{}), make(chan struct{}, 1)
 	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

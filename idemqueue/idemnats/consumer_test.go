@@ -397,10 +397,10 @@ func TestHandleTxAppliesTheEffectOnce(t *testing.T) {
 	assert.ErrorAs(t, d.Err, &pe)
 }
 
-// Found by helper-35: a panic in Options.Key or Options.Payload escaped
-// Handle (a bug a fixed deploy may not have: retried, not rejected), and a
-// handler or call that calls runtime.Goexit left its message unsettled,
-// HandleTx's InProgress marks going on for ever.
+// A panic in Options.Key or Options.Payload does not escape Handle: the
+// message is retried, not rejected (a bug a fixed deploy may not have);
+// and a handler or call that calls runtime.Goexit leaves no message
+// unsettled, nor HandleTx's InProgress marks going on for ever.
 func TestUserCodeThatPanicsOrExitsIsRetried(t *testing.T) {
 	var runs atomic.Int32
 	for name, opts := range map[string]Options{

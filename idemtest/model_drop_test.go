@@ -26,8 +26,8 @@ func callNow(w *world, c *modelCall) string {
 	return w.check(c)
 }
 
-// Regression tests for the model itself, from a hostile review of the
-// drop action: each is a correct answer the model once judged a violation.
+// Regression tests for the model's drop action: each is a correct answer
+// the model once judged a violation.
 
 // A drop of a claim whose outcome store 0 holds pinned: the store's
 // background write finds no record, unpins, and the next call runs the

@@ -36,8 +36,7 @@ func TestSelfExpiringLiarChild(t *testing.T) {
 
 // A backend that declares SelfExpiring and keeps its expired records
 // fails the suite: the declaration excuses Sweep's counts, not records
-// that never go (found by the hostile review of issue 23, where the whole
-// suite passed such a backend).
+// that never go (the whole suite once passed such a backend).
 func TestSuiteCatchesASelfExpiringLiar(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSelfExpiringLiarChild$/SweepDeletesExpiredOnly$")
 	cmd.Env = append(os.Environ(), selfExpiringChildEnv+"=1")

@@ -125,7 +125,7 @@ func TestWaitersCapPerKey(t *testing.T) {
 }
 
 // A key counts for its whole window, however late in its bucket it was
-// made (from the hostile review of issue 22).
+// made.
 func TestQuotaKeyCountsItsWholeWindow(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
 	win := 16 * time.Minute // one-minute buckets

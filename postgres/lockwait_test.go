@@ -11,10 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Found by helper-38: New upgrading an old table queued its ALTER behind a
-// long transaction on the table (an old replica's RunOnceTx), and every
-// query on the table queued behind the ALTER. Each try now gives way after
-// a second, and New goes on once the transaction ends.
+// New upgrading an old table does not queue its ALTER behind a long
+// transaction on the table (an old replica's RunOnceTx), with every query
+// on the table queued behind the ALTER: each try gives way after a second,
+// and New goes on once the transaction ends.
 func TestUpgradeGivesWayToALongTransaction(t *testing.T) {
 	pool := testPool(t)
 	ctx := context.Background()

@@ -12,10 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Found by helper-38: two Stores of different TTLs on one Backend, and
-// more records of the longer TTL turning early than one re-aim moves: they
-// piled up at the front of the sweep's index, read by every sweep. One
-// sweep cycle now moves them all along.
+// Two Stores of different TTLs on one Backend, and more records of the
+// longer TTL turning early than one re-aim moves: one sweep cycle moves
+// them all along, rather than leave them piled up at the front of the
+// sweep's index, read by every sweep.
 func TestReaimKeepsUpWithEarlyRows(t *testing.T) {
 	pool := testPool(t)
 	ctx := context.Background()

@@ -26,20 +26,20 @@ import (
 )
 
 const (
-	hostilePathEnv = "IDEM_HOSTILE_PATH"
-	hostileModeEnv = "IDEM_HOSTILE_MODE" // rw, ro, skip, clean
+	childPathEnv = "IDEM_HOSTILE_PATH"
+	childModeEnv = "IDEM_HOSTILE_MODE" // rw, ro, skip, clean
 )
 
 // TestHostileChild is the child: it opens the file and uses it, printing
-// each result. It does nothing unless the parent set hostilePathEnv.
+// each result. It does nothing unless the parent set childPathEnv.
 func TestHostileChild(t *testing.T) {
-	path := os.Getenv(hostilePathEnv)
+	path := os.Getenv(childPathEnv)
 	if path == "" {
 		t.Skip("child only")
 	}
 	_ = syscall.Setrlimit(syscall.RLIMIT_AS, &syscall.Rlimit{Cur: 8 << 30, Max: 8 << 30})
 	_ = syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: 1 << 30, Max: 1 << 30})
-	mode := os.Getenv(hostileModeEnv)
+	mode := os.Getenv(childModeEnv)
 	opts := &Options{LockTimeout: -1, Check: CheckAlways} // the files are closed cleanly, then damaged
 	switch mode {
 	case "ro":
@@ -115,7 +115,7 @@ func runChild(t *testing.T, path, mode string) childResult {
 	// which over some 400 children was most of this package's run; a
 	// child's worth is what it does to the file, not races at exit.
 	gorace := strings.TrimSpace("atexit_sleep_ms=0 " + os.Getenv("GORACE"))
-	cmd.Env = append(os.Environ(), hostilePathEnv+"="+path, hostileModeEnv+"="+mode, "GOTRACEBACK=all", "GORACE="+gorace)
+	cmd.Env = append(os.Environ(), childPathEnv+"="+path, childModeEnv+"="+mode, "GOTRACEBACK=all", "GORACE="+gorace)
 	// On timeout, SIGQUIT first so that stderr shows where it hung.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
 	cmd.WaitDelay = 3 * time.Second

@@ -209,28 +209,3 @@ func fromUnixNano(n int64) time.Time {
 	}
 	return time.Unix(0, n)
 }
-
-// Expired reports whether r is a completed record whose outcome has expired
-// at now; a claim may then take its key over.
-func (r Record) Expired(now time.Time) bool {
-	return r.State == StateCompleted && !now.Before(r.ExpiresAt)
-}
-
-// SeenAt returns r as a backend that judges time by now reports it: a
-// pending record whose lease has lapsed is interrupted, and a completed
-// record that has expired is gone (false).
-func (r Record) SeenAt(now time.Time) (Record, bool) {
-	switch {
-	case r.Expired(now):
-		return Record{}, false
-	case r.Lapsed(now):
-		r.State = StateInterrupted
-	}
-	return r, true
-}
-
-// Lapsed reports whether r is a pending record whose lease ran out at now:
-// its owner stopped renewing it, so it is as good as interrupted.
-func (r Record) Lapsed(now time.Time) bool {
-	return r.State == StatePending && !r.LeaseUntil.IsZero() && !now.Before(r.LeaseUntil)
-}

@@ -57,10 +57,3 @@ func (r Record) WithStep(s Step) Record {
 	r.Steps = append(steps, s)
 	return r
 }
-
-// Resumable reports whether Resume may take r over at now from a claim
-// holding old: r is interrupted (its owner died, or its lease lapsed) and
-// old is its token.
-func (r Record) Resumable(old string, now time.Time) bool {
-	return r.Token == old && (r.State == StateInterrupted || r.Lapsed(now))
-}

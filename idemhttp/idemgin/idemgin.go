@@ -81,7 +81,7 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 		}
 		ran := false
 		defer abortOnPanic(orig)
-		guard.Serve(orig, r, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		guard.Serve(sendsNow{orig}, r, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			ran = true
 			gw := &writer{ResponseWriter: orig, out: w}
 			c.Writer, c.Request = gw, req
@@ -102,13 +102,31 @@ func Middleware(store *idem.Store[idemhttp.Response], opts Options) gin.HandlerF
 			}
 			gw.WriteHeaderNow() // a status set with no body: send it now, inside the guard
 			gw.forward()
-			orig.WriteHeaderNow()
 		}))
 		if !ran {
 			c.Abort()
 		}
 	}
 }
+
+// sendsNow is gin's writer as the guard writes to it: a final status goes
+// out at WriteHeader, as net/http's does, rather than waiting for gin's
+// WriteHeaderNow. The guard sends a status when the response is the one
+// it means to send: at once for a response that passes through, but only
+// once its transaction has committed for one held (Options.InTx), so
+// gin's writer must not be made to send one earlier from inside the
+// handler (which would send 200, gin's default, before the commit, and
+// then ignore the handler's own status).
+type sendsNow struct{ gin.ResponseWriter }
+
+func (w sendsNow) WriteHeader(code int) {
+	w.ResponseWriter.WriteHeader(code)
+	if code >= 200 { // gin sends no informational status: it would end the response
+		w.ResponseWriter.WriteHeaderNow()
+	}
+}
+
+func (w sendsNow) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // abortOnPanic makes sure that a response the guard aborts
 // (http.ErrAbortHandler, after a handler panicked mid-response) reaches the

@@ -388,9 +388,8 @@ func initialize(db *bbolt.DB, g *guard) (interrupted int, err error) {
 				}
 				rec, err := decode(pk[8:], v)
 				if err == nil && rec.State == backend.StatePending {
-					// Its owner is proven dead (it held the file's lock):
-					// no lease is left to judge (backend.Record).
-					rec.State, rec.LeaseUntil = backend.StateInterrupted, time.Time{}
+					// Its owner is proven dead: it held the file's lock.
+					rec = rec.WithOwnerDead()
 					if err := put(records, rec); err != nil {
 						return err
 					}
@@ -587,7 +586,7 @@ func checkOwner(records *bucket, key []byte, token string) (backend.Record, erro
 	if err != nil {
 		return backend.Record{}, err
 	}
-	if old.Token != token || old.State == backend.StateCompleted {
+	if !old.Settleable(token) {
 		return backend.Record{}, fmt.Errorf("%w: key %q is %s under another claim", backend.ErrNotOwner, key, old.State)
 	}
 	return old, nil
@@ -600,7 +599,7 @@ func checkLiveOwner(records *bucket, key []byte, token string, now time.Time) (b
 	if err != nil {
 		return backend.Record{}, err
 	}
-	if claim.State != backend.StatePending || claim.Lapsed(now) {
+	if !claim.HeldBy(token, now) {
 		return backend.Record{}, fmt.Errorf("%w: key %q is %s, its lease until %v", backend.ErrNotOwner, key, claim.State, claim.LeaseUntil)
 	}
 	return claim, nil
@@ -627,8 +626,8 @@ func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.R
 // a pending record as interrupted: no writer can hold the file while a
 // reader does, so its owner is gone, as a writable Open would record.
 func (b *Backend) seen(rec backend.Record) backend.Record {
-	if b.readOnly && rec.State == backend.StatePending {
-		rec.State, rec.LeaseUntil = backend.StateInterrupted, time.Time{}
+	if b.readOnly {
+		return rec.WithOwnerDead()
 	}
 	return rec
 }
@@ -642,7 +641,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, l
 		if err != nil {
 			return err
 		}
-		if claim.State != backend.StatePending {
+		if !claim.ClaimedBy(token) {
 			return fmt.Errorf("%w: key %q is %s", backend.ErrNotOwner, key, claim.State)
 		}
 		claim.LeaseUntil = now.Add(lease)
@@ -663,7 +662,7 @@ func (b *Backend) Forget(ctx context.Context, key string, now time.Time) error {
 			return records.Delete(k) // unreadable: the operator may still clear it
 		}
 		switch {
-		case old.State == backend.StatePending && !old.Lapsed(now):
+		case old.Live(now):
 			return fmt.Errorf("%w: key %q is claimed and not yet settled", idem.ErrInProgress, key)
 		case old.State == backend.StatePending:
 			if err := b.bucket(tx, bucketPending).Delete(pendingKey(old)); err != nil {

@@ -89,7 +89,7 @@ func (m *MemoryBackend) Release(ctx context.Context, key, token string) error {
 // token. The caller holds mu.
 func (m *MemoryBackend) ownedLocked(key, token string) bool {
 	old, ok := m.records[key]
-	return ok && old.Token == token && old.State != backend.StateCompleted
+	return ok && old.Settleable(token)
 }
 
 func (m *MemoryBackend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
@@ -116,7 +116,7 @@ func (m *MemoryBackend) Renew(ctx context.Context, key, token string, now time.T
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[key]
-	if !ok || rec.Token != token || rec.State != backend.StatePending {
+	if !ok || !rec.ClaimedBy(token) {
 		return backend.ErrNotOwner
 	}
 	rec.LeaseUntil = now.Add(lease)
@@ -134,7 +134,7 @@ func (m *MemoryBackend) changeLive(ctx context.Context, key, token string, now t
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.records[key]
-	if !ok || rec.Token != token || rec.State != backend.StatePending || rec.Lapsed(now) {
+	if !ok || !rec.HeldBy(token, now) {
 		return backend.ErrNotOwner
 	}
 	m.records[key] = change(rec)
@@ -147,7 +147,7 @@ func (m *MemoryBackend) Forget(ctx context.Context, key string, now time.Time) e
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if rec := m.records[key]; rec.State == backend.StatePending && !rec.Lapsed(now) {
+	if rec := m.records[key]; rec.Live(now) {
 		return idem.ErrInProgress
 	}
 	delete(m.records, key)
@@ -199,10 +199,7 @@ func (m *MemoryBackend) Crash() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, rec := range m.records {
-		if rec.State == backend.StatePending {
-			rec.State, rec.LeaseUntil = backend.StateInterrupted, time.Time{} // proven dead: no lease to judge
-			m.records[k] = rec
-		}
+		m.records[k] = rec.WithOwnerDead()
 	}
 }
 

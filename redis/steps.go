@@ -89,7 +89,7 @@ func (b *Backend) recordStep(ctx context.Context, key, token string, step backen
 		if err != nil {
 			return err
 		}
-		if rec.Token != token || rec.State != backend.StatePending || rec.Lapsed(now) {
+		if !rec.HeldBy(token, now) {
 			return fmt.Errorf("%w: key %q is %s, its lease until %v", backend.ErrNotOwner, key, rec.State, rec.LeaseUntil)
 		}
 		if val.created == "" {

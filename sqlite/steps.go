@@ -22,7 +22,7 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 		switch {
 		case err != nil:
 			return err
-		case !found || rec.Token != token || rec.State != backend.StatePending || rec.Lapsed(now):
+		case !found || !rec.HeldBy(token, now):
 			owned = fmt.Errorf("%w: key %q", backend.ErrNotOwner, key)
 			return nil
 		}

@@ -193,5 +193,5 @@ func committed(ctx context.Context, b *Backend, opts idem.Options, done backend.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
 	defer cancel()
 	rec, ok, err := scanOne(b.query(ctx, nil, b.q.get, done.Key))
-	return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
+	return err == nil && ok && rec.CompletedBy(done.Token)
 }

@@ -64,8 +64,10 @@
 // backend's commands end at their ctx's deadline, as with
 // ContextTimeoutEnabled, whether the client has it or not, and run in the
 // caller's goroutine; on a Cluster or Ring client they do so if it has
-// ContextTimeoutEnabled. A call whose ctx can be cancelled but has no
-// deadline (or whose deadline the client does not honour) is waited on
+// ContextTimeoutEnabled. A client told to set no socket deadlines (a
+// ReadTimeout or WriteTimeout of -2) honours no ctx deadline either. A
+// call whose ctx can be cancelled but has no deadline (or whose deadline
+// the client does not honour) is waited on
 // from a goroutine of its own, which it leaves when ctx ends: the command
 // goes on in the background until the client gives up on it (its socket
 // timeouts). go-redis never ends a command at a cancellation, so a call

@@ -152,12 +152,18 @@ type found struct {
 // the backend's own commands, and no other, through a view of the client
 // with it: go-redis's WithTimeout, which shares the client's connection
 // pool, with the client's socket timeouts put back. A Cluster or Ring
-// client has no such view: its own option decides.
+// client has no such view: its own option decides. A client told to set
+// no socket deadlines (ReadTimeout or WriteTimeout -2) sets none for a
+// ctx's deadline either, with ContextTimeoutEnabled or without: its
+// calls are waited on from a goroutine of their own.
 func honourDeadlines(rdb redis.UniversalClient) (deadlines, divert bool) {
 	switch c := rdb.(type) {
 	case *redis.Client:
 		opts := c.Options()
-		if opts.ContextTimeoutEnabled {
+		switch {
+		case opts.ReadTimeout < 0 || opts.WriteTimeout < 0: // -2, kept as -1
+			return false, false
+		case opts.ContextTimeoutEnabled:
 			return true, false
 		}
 		view := c.WithTimeout(opts.ReadTimeout)
@@ -167,9 +173,11 @@ func honourDeadlines(rdb redis.UniversalClient) (deadlines, divert bool) {
 		c.AddHook(deadlineHook{view})
 		return true, true
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled, false
+		opts := c.Options()
+		return opts.ContextTimeoutEnabled && opts.ReadTimeout >= 0 && opts.WriteTimeout >= 0, false
 	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled, false
+		opts := c.Options()
+		return opts.ContextTimeoutEnabled && opts.ReadTimeout >= 0 && opts.WriteTimeout >= 0, false
 	}
 	return false, false
 }

@@ -230,7 +230,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 		case err != nil:
 			return backend.Record{}, false, err
 		case got.ok && !got.expired:
-			return got.rec, got.rec.Token == rec.Token && got.rec.State == backend.StatePending, nil
+			return got.rec, got.rec.ClaimedBy(rec.Token), nil
 		case got.ok: // expired: take it over, unless another claim did first
 			if _, err := b.exec(ctx, b.q.takeOver, rec.Fingerprint[:], token, us, key); err != nil {
 				return backend.Record{}, false, err
@@ -347,7 +347,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lea
 		if gerr != nil {
 			return gerr
 		}
-		if f.ok && f.rec.Token == token && f.rec.State == backend.StatePending {
+		if f.ok && f.rec.ClaimedBy(token) {
 			return nil
 		}
 	}

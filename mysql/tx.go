@@ -286,7 +286,7 @@ func committed(ctx context.Context, b *Backend, opts idem.Options, sess *session
 		switch {
 		case err == nil && !alive:
 			rec, ok, err := b.Get(ctx, done.Key, time.Time{})
-			return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
+			return err == nil && ok && rec.CompletedBy(done.Token)
 		case err == nil:
 			// Unknown thread (1094) if it ended meanwhile: asked again.
 			_, _ = b.db.ExecContext(ctx, `KILL CONNECTION `+fmt.Sprint(sess.id))

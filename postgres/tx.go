@@ -316,7 +316,7 @@ func committed(ctx context.Context, b *Backend, opts idem.Options, xid int64, do
 		switch {
 		case err == nil && status == nil:
 			rec, ok, err := b.Get(ctx, done.Key, time.Time{})
-			return err == nil && ok && rec.Token == done.Token && rec.State == backend.StateCompleted
+			return err == nil && ok && rec.CompletedBy(done.Token)
 		case err == nil && *status != "in progress":
 			return *status == "committed"
 		}

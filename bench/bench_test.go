@@ -43,10 +43,21 @@ func makeKeys(n int) []string {
 var goroutines = []int{1, 2, 16}
 
 // forEach calls op(i) for i in [0, b.N), serially when g is 1, otherwise from
-// g goroutines through b.RunParallel.
+// g goroutines through b.RunParallel. Besides wall time it reports
+// cpu-ns/op, the CPU time the whole process used per op: on a machine
+// shared with other work, wall time counts the time this process waited
+// for a core, and CPU time does not (while it still counts what a
+// goroutine hand-off costs the scheduler and what the collector does).
 func forEach(b *testing.B, g int, op func(i int)) {
 	b.ReportAllocs()
 	b.ResetTimer()
+	if start, ok := cpuTime(); ok {
+		defer func() {
+			if end, ok := cpuTime(); ok {
+				b.ReportMetric(float64(end-start)/float64(b.N), "cpu-ns/op")
+			}
+		}()
+	}
 	if g == 1 {
 		for i := range b.N {
 			op(i)

@@ -121,7 +121,9 @@ type sendsNow struct{ gin.ResponseWriter }
 
 func (w sendsNow) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
-	if code >= 200 { // gin sends no informational status: it would end the response
+	// gin sends no informational status (it would end the response), but
+	// 101 Switching Protocols is the final one.
+	if code >= 200 || code == http.StatusSwitchingProtocols {
 		w.ResponseWriter.WriteHeaderNow()
 	}
 }

@@ -56,10 +56,11 @@
 // A client that hangs up does not stop the handler: its response is
 // committed, and the retry replays it. A duplicate waits for the
 // transaction to end (up to Options.Wait, then 409) and replays its
-// response. If the transaction rolled back, a duplicate waiting in the
-// same process is answered as the first request was (its 5xx, say), while
-// one in another process finds the key free and runs the handler itself;
-// one whose wait ended first never runs it.
+// response. If the transaction rolled back, the key is free: a duplicate
+// waiting in the same process is given the first request's 5xx, or 500
+// for a panic, or 503 with Retry-After for a response refused, while one
+// in another process runs the handler itself; one whose wait ended first
+// never runs it.
 //
 // On the client, Transport makes one key per logical request (or uses the
 // caller's) and sends it on every attempt, retrying only the outcomes that

@@ -17,6 +17,12 @@ var (
 	errTooLargeInTx = errors.New("idemhttp: the handler's response is larger than Options.MaxStoredBody, which the transactional mode (Options.InTx) must hold whole until its transaction commits; the request is refused and its writes rolled back")
 )
 
+// refusedInTx reports whether err is the refusal of a response that could
+// not be held.
+func refusedInTx(err error) bool {
+	return errors.Is(err, errStreamedInTx) || errors.Is(err, errHijackedInTx) || errors.Is(err, errTooLargeInTx)
+}
+
 // hold keeps p to send once the transaction commits; it fails as net/http's
 // Write would, or because the response cannot be held.
 func (r *recorder) hold(p []byte) (int, error) {

@@ -51,6 +51,12 @@ func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.H
 			// retry later. A client can cause this at will: no error log.
 			err = fmt.Errorf("%w: %w", idem.ErrInProgress, err)
 		}
+		if refusedInTx(err) {
+			// The request this one waited on could not hold its response:
+			// it was answered, and logged, already; the store did not fail.
+			g.fail(w, req, http.StatusServiceUnavailable, "The request with this Idempotency-Key failed, and nothing of it was saved; retry with the same key.", g.opts.RetryAfter, err)
+			return
+		}
 		g.answer(w, req, next, resp, err, scope, lk)
 		return
 	}

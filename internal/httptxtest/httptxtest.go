@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,6 +92,7 @@ func Run(t *testing.T, h Harness) {
 		{"DuplicateFromSecondStoreWaitsThenReplays", func(t *testing.T, h Harness) { testDuplicateWaits(t, h, true) }},
 		{"DuplicateOfARollbackGetsItsAnswer", func(t *testing.T, h Harness) { testDuplicateOfRollback(t, h, false) }},
 		{"DuplicateFromSecondStoreOfARollbackRunsItself", func(t *testing.T, h Harness) { testDuplicateOfRollback(t, h, true) }},
+		{"DuplicateOfARefusedRequestIsToldToRetry", testDuplicateOfRefused},
 		{"DuplicateIs409AfterWait", func(t *testing.T, h Harness) { testDuplicate409(t, h, false) }},
 		{"DuplicateFromSecondStoreIs409AfterWait", func(t *testing.T, h Harness) { testDuplicate409(t, h, true) }},
 		{"DuplicateThatGaveUpDoesNotRunAfterRollback", func(t *testing.T, h Harness) { testGaveUp(t, h, false) }},
@@ -112,17 +114,17 @@ type server struct {
 type handler func(run int32, w http.ResponseWriter, r *http.Request)
 
 // serve starts a real TCP server with the middleware in the
-// transactional mode over store. claiming, if not nil, is called as each
-// request's claim of its key begins: a duplicate in this process waits on
-// the key's owner from then on, but for the few instructions to the
-// wait.
-func serve(t *testing.T, h Harness, store *idem.Store[idemhttp.Response], opts idemhttp.Options, claiming func(), next handler) *server {
+// transactional mode over store. waiting, if not nil, is called when a
+// request's claim of its key first looks at its context's Done channel,
+// which it does as it starts waiting: a duplicate in this process then
+// has the owner's execution in hand, and gets its outcome however soon
+// that comes; one whose claim is its process's waits on the database.
+func serve(t *testing.T, h Harness, store *idem.Store[idemhttp.Response], opts idemhttp.Options, waiting func(), next handler) *server {
 	t.Helper()
 	opts.InTx = h.InTx
-	if claiming != nil {
+	if waiting != nil {
 		opts.InTx = func(ctx context.Context, s *idem.Store[idemhttp.Response], key string, payload any, fn func(context.Context) (idemhttp.Response, error)) (idemhttp.Response, error) {
-			claiming()
-			return h.InTx(ctx, s, key, payload, fn)
+			return h.InTx(&doneWatch{Context: ctx, watched: waiting}, s, key, payload, fn)
 		}
 	}
 	if opts.Scope == nil {
@@ -138,6 +140,19 @@ func serve(t *testing.T, h Harness, store *idem.Store[idemhttp.Response], opts i
 	s.Server = httptest.NewServer(guarded)
 	t.Cleanup(s.Close)
 	return s
+}
+
+// A doneWatch is a context that calls watched the first time its Done
+// channel is asked for.
+type doneWatch struct {
+	context.Context
+	once    sync.Once
+	watched func()
+}
+
+func (c *doneWatch) Done() <-chan struct{} {
+	c.once.Do(c.watched)
+	return c.Context.Done()
 }
 
 // A reply is a response read whole.
@@ -585,14 +600,14 @@ func testExecutionTimeout(t *testing.T, h Harness) {
 }
 
 // duplicates returns the server a duplicate is sent to: srv itself, or
-// one over a second store on the same tables; claiming hears of each
-// request's claim there (see serve).
-func duplicates(t *testing.T, h Harness, f *Fixture, second bool, opts idemhttp.Options, claiming func()) *server {
+// one over a second store on the same tables; waiting hears of each
+// request's wait for its key there (see serve).
+func duplicates(t *testing.T, h Harness, f *Fixture, second bool, opts idemhttp.Options, waiting func()) *server {
 	if !second {
 		// The duplicate's own options need their own guard over the same store.
-		return serve(t, h, f.Store, opts, claiming, charge(f))
+		return serve(t, h, f.Store, opts, waiting, charge(f))
 	}
-	return serve(t, h, f.Second(t, idem.Options{}), opts, claiming, charge(f))
+	return serve(t, h, f.Second(t, idem.Options{}), opts, waiting, charge(f))
 }
 
 // testDuplicateWaits: a duplicate that arrives while the first request's
@@ -601,12 +616,12 @@ func testDuplicateWaits(t *testing.T, h Harness, second bool) {
 	f := h.New(t, idem.Options{})
 	started, release := make(chan struct{}), make(chan struct{})
 	srv := serve(t, h, f.Store, idemhttp.Options{}, nil, blocked(f, started, release, 0))
-	claiming := make(chan struct{}, 1)
-	dupSrv := duplicates(t, h, f, second, idemhttp.Options{}, func() { claiming <- struct{}{} })
+	waiting := make(chan struct{}, 1)
+	dupSrv := duplicates(t, h, f, second, idemhttp.Options{}, func() { waiting <- struct{}{} })
 	first := postAsync(srv.URL, "k", "p")
 	<-started
 	dup := postAsync(dupSrv.URL, "k", "p")
-	<-claiming // with the first's transaction still open
+	<-waiting // with the first's transaction still open
 	assert.Equal(t, 0, f.Charges(), "nothing is committed before the response is ready")
 	close(release)
 	r1, r2 := <-first, <-dup
@@ -625,12 +640,12 @@ func testDuplicateOfRollback(t *testing.T, h Harness, second bool) {
 	f := h.New(t, idem.Options{})
 	started, release := make(chan struct{}), make(chan struct{})
 	srv := serve(t, h, f.Store, idemhttp.Options{}, nil, firstThen(blocked(f, started, release, http.StatusBadGateway), charge(f)))
-	claiming := make(chan struct{}, 1)
-	dupSrv := duplicates(t, h, f, second, idemhttp.Options{}, func() { claiming <- struct{}{} })
+	waiting := make(chan struct{}, 1)
+	dupSrv := duplicates(t, h, f, second, idemhttp.Options{}, func() { waiting <- struct{}{} })
 	first := postAsync(srv.URL, "k", "p")
 	<-started
 	dup := postAsync(dupSrv.URL, "k", "p")
-	<-claiming
+	<-waiting
 	close(release)
 	r1, r2 := <-first, <-dup
 	assert.Equal(t, http.StatusBadGateway, r1.StatusCode, r1.body)
@@ -646,6 +661,48 @@ func testDuplicateOfRollback(t *testing.T, h Harness, second bool) {
 	assert.Equal(t, int32(1), dupSrv.runs.Load(), "the duplicate ran the handler itself")
 	assert.Equal(t, 1, f.Charges())
 	assert.Equal(t, "completed", keyState(t, f.Store, "k"))
+}
+
+// testDuplicateOfRefused: a duplicate waiting in the same process on a
+// request whose response was refused (it flushed) or whose handler
+// panicked is told to retry (503, or 500 for the panic): nothing of the
+// first was kept, and the key is free.
+func testDuplicateOfRefused(t *testing.T, h Harness) {
+	for _, tc := range []struct {
+		name   string
+		end    func(w http.ResponseWriter)
+		status int
+	}{
+		{"Flush", func(w http.ResponseWriter) { _ = http.NewResponseController(w).Flush() }, http.StatusServiceUnavailable},
+		{"Panic", func(http.ResponseWriter) { panic("bug in the handler") }, http.StatusInternalServerError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := h.New(t, idem.Options{})
+			started, release := make(chan struct{}), make(chan struct{})
+			srv := serve(t, h, f.Store, idemhttp.Options{}, nil, firstThen(func(_ int32, w http.ResponseWriter, r *http.Request) {
+				if _, err := f.Charge(r.Context()); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				close(started)
+				<-release
+				tc.end(w)
+			}, charge(f)))
+			waiting := make(chan struct{}, 1)
+			dupSrv := duplicates(t, h, f, false, idemhttp.Options{}, func() { waiting <- struct{}{} })
+			first := postAsync(srv.URL, "k", "p")
+			<-started
+			dup := postAsync(dupSrv.URL, "k", "p")
+			<-waiting
+			close(release)
+			r1, r2 := <-first, <-dup
+			assert.Equal(t, http.StatusInternalServerError, r1.StatusCode, r1.body)
+			assert.Equal(t, tc.status, r2.StatusCode, r2.body)
+			assert.NotContains(t, r2.body, "cannot be checked", "the store did not fail: the first request did")
+			assert.Zero(t, dupSrv.runs.Load())
+			isRolledBack(t, f, srv, "k", "p")
+		})
+	}
 }
 
 // testDuplicate409: a duplicate whose Options.Wait ends while the first's

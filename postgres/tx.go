@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
@@ -295,6 +296,8 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, c claim
 		return val, err
 	case refused(cerr):
 		return val, txrun.Unrecorded(err, explainedTx(cerr))
+	case pgconn.SafeToRetry(cerr): // nothing was sent: no COMMIT to ask about
+		return val, txrun.Unrecorded(err, unsent(cerr))
 	case !committed(ctx, b, opts, c.xid, done):
 		return val, txrun.Unrecorded(err, fmt.Errorf("postgres: committing: %w", cerr))
 	}

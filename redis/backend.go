@@ -58,9 +58,11 @@
 // (a new or restarted server, a failover, every node of a new Cluster);
 // inside pipelines they are sent whole.
 //
-// Contexts: every Backend call returns once its ctx ends, whatever the
-// client's options, even against a server that never answers (go-redis
-// alone would wait for its socket timeouts). On a single-node client the
+// Contexts: every Backend call returns by its ctx's deadline, and once a
+// ctx without one is cancelled, whatever the client's options, even
+// against a server that never answers (go-redis alone would wait for its
+// socket timeouts); a ctx cancelled before its deadline is the exception
+// below. On a single-node client the
 // backend's commands end at their ctx's deadline, as with
 // ContextTimeoutEnabled, whether the client has it or not, and run in the
 // caller's goroutine; on a Cluster or Ring client they do so if it has

@@ -586,6 +586,9 @@ func (*Backend) ExpiresRecords() {}
 // every primary's on a Cluster, reads each page of up to 1,000 keys in one
 // pipelined round trip, and calls fn from one goroutine at a time.
 func (b *Backend) Each(ctx context.Context, fn func(backend.Record) error) error {
+	if err := ctx.Err(); err != nil {
+		return backend.Refuse(err) // nothing read, as the other methods refuse
+	}
 	if c, ok := b.rdb.(*redis.ClusterClient); ok {
 		var mu sync.Mutex
 		return c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {

@@ -437,6 +437,9 @@ func (b *Backend) Close() error {
 // once committed. Once submitted, a write is waited for even if ctx ends, so
 // that the caller always learns whether it took effect.
 func (b *Backend) write(ctx context.Context, o op) error {
+	if err := ctx.Err(); err != nil {
+		return backend.Refuse(err) // nothing sent: the Store need not watch for it to land
+	}
 	if err := b.usable(ctx); err != nil {
 		return err
 	}
@@ -454,7 +457,7 @@ func (b *Backend) write(ctx context.Context, o op) error {
 // read runs fn in a read transaction.
 func (b *Backend) read(ctx context.Context, fn func(*bbolt.Tx) error) error {
 	if err := ctx.Err(); err != nil {
-		return err
+		return backend.Refuse(err)
 	}
 	if ctx.Value(inTx{}) == b {
 		return backend.Refuse(errNested)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/seed094d4201/idem/backend"
 )
 
 // retried runs f, which sends one statement outside any transaction of
@@ -22,6 +23,12 @@ import (
 // grows from 1 ms to 64 ms, with jitter, so that the conflicting callers
 // do not meet again.
 func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	if err := ctx.Err(); err != nil {
+		// Ended before the first send: nothing was sent, so the caller
+		// has nothing to read back (backend.ErrRefused).
+		var zero T
+		return zero, backend.Refuse(err)
+	}
 	for attempt := 0; ; attempt++ {
 		v, err := f()
 		if !conflicted(err) {

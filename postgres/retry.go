@@ -24,6 +24,12 @@ import (
 // A conflict that never ends (a trigger raising 40001) is retried until
 // ctx ends, and the error then matches both the conflict and ctx's.
 func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	if err := ctx.Err(); err != nil {
+		// Ended before the first send: nothing was sent, so the caller
+		// has nothing to read back (backend.ErrRefused).
+		var zero T
+		return zero, backend.Refuse(err)
+	}
 	for attempt := 0; ; attempt++ {
 		v, err := f()
 		if !conflicted(err) {

@@ -19,6 +19,9 @@ func (b *Backend) RecordStep(ctx context.Context, key, token string, step backen
 	if err := b.nested(ctx); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return backend.Refuse(err) // nothing sent: nothing to read back
+	}
 	// Read committed, whatever the server's default: a row that another
 	// transaction changed while this one waited for its lock is judged
 	// anew, not failed as a serialization conflict.

@@ -303,7 +303,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, now time.Time, l
 
 func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.Record, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return backend.Record{}, false, err
+		return backend.Record{}, false, backend.Refuse(err)
 	}
 	// One read of one row, which never waits for a lock in WAL mode: not
 	// worth the goroutines that database/sql and the driver start to

@@ -15,7 +15,8 @@ const Size = 500
 // Each calls read for successive pages of records in key order, each
 // starting after the last key of the one before ("" for the first), and
 // calls fn with each page's records once read has returned. A page shorter
-// than Size ends the walk. It stops at the first error of read, fn or ctx.
+// than Size ends the walk. It stops at the first error of read, fn or ctx
+// (refused, backend.Refuse, if ctx ended before a page was read).
 //
 // read must return at most limit records, in key order, with keys greater
 // than after; it is the backend's short read (one query, one read
@@ -24,7 +25,9 @@ func Each(ctx context.Context, read func(ctx context.Context, after string, limi
 	after := ""
 	for {
 		if err := ctx.Err(); err != nil {
-			return err
+			// Before a page's read: nothing was read, as a Backend's
+			// refusal of an ended ctx says (backend.ErrRefused).
+			return backend.Refuse(err)
 		}
 		page, err := read(ctx, after, Size)
 		if err != nil {

@@ -40,44 +40,6 @@ func testRepeatedWrites(t *testing.T, b backend.Backend) {
 	assert.False(t, ok)
 }
 
-// A call whose context is already done returns an error and writes
-// nothing; a Claim is refused.
-func testCancelledContext(t *testing.T, b backend.Backend) {
-	live := claimKey(t, b, "live", lease)
-	done := claimAndComplete(t, b, "done", "v", ttl)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	now := time.Now()
-
-	// A claim refused before it was sent must say so (backend.ErrRefused):
-	// a bare ctx error leaves the Store reading back, and releasing later,
-	// a claim that cannot land, and Close waiting for it.
-	_, _, err := b.Claim(ctx, request("new"), now, lease)
-	assert.ErrorIs(t, err, backend.ErrRefused, "Claim with a cancelled ctx")
-	assert.ErrorIs(t, err, context.Canceled, "Claim with a cancelled ctx keeps its ctx's error")
-	late, cancelLate := context.WithDeadline(context.Background(), now.Add(-time.Second))
-	defer cancelLate()
-	_, _, err = b.Claim(late, request("new"), now, lease)
-	assert.ErrorIs(t, err, backend.ErrRefused, "Claim with a ctx past its deadline")
-	assert.ErrorIs(t, err, context.DeadlineExceeded, "Claim with a ctx past its deadline keeps its ctx's error")
-	assert.Error(t, b.Complete(ctx, outcome(live, "v"), now, ttl), "Complete")
-	assert.Error(t, b.Release(ctx, "live", live.Token), "Release")
-	assert.Error(t, b.Renew(ctx, "live", live.Token, now, lease), "Renew")
-	_, _, err = b.Get(ctx, "live", now)
-	assert.Error(t, err, "Get")
-	assert.Error(t, b.Forget(ctx, "done", now), "Forget")
-	_, err = b.Sweep(ctx, now, 100)
-	assert.Error(t, err, "Sweep")
-
-	_, ok := get(t, b, "new")
-	assert.False(t, ok, "a cancelled Claim wrote a record")
-	rec, _ := get(t, b, "live")
-	assert.Equal(t, backend.StatePending, rec.State, "a cancelled Complete or Release changed the claim")
-	assert.Equal(t, live.LeaseUntil.UnixMilli(), rec.LeaseUntil.UnixMilli(), "a cancelled Renew moved the lease")
-	rec, _ = get(t, b, "done")
-	assertOutcome(t, done, "v", rec)
-}
-
 // testBuffersNotShared: a backend copies what it is given and what it
 // hands back. A Store reuses neither, but a backend that keeps the
 // caller's Value slice (or hands out its own) lets a caller's later write

@@ -28,8 +28,10 @@
 //
 // The transaction holds only what can wait for its commit, and the rest
 // is refused, never kept by halves:
-//   - A handler error, a panic, a 5xx, or a handler still running at the
-//     store's ExecutionTimeout rolls its rows back with the claim: nothing
+//   - A response that is not remembered (a 5xx, a 408, 409, 425 or 429,
+//     as a framework renders a handler's error), a panic, or a handler
+//     still running at the store's ExecutionTimeout rolls its rows back
+//     with the claim: nothing
 //     is remembered, and the key is free for the retry. A 5xx goes to the
 //     client as the handler wrote it; a panic is 500; a handler that ran
 //     past ExecutionTimeout is 503 with Retry-After, whatever it wrote.
@@ -46,7 +48,15 @@
 //     which commits) commits its rows with a claim that has no outcome:
 //     the key is then interrupted, as it would be without InTx, and the
 //     request and its retries are answered 500, "its outcome is unknown",
-//     until an operator settles the key.
+//     until an operator settles the key. Neither database can stop
+//     transaction control sent as raw SQL: on PostgreSQL, a ROLLBACK
+//     statement ends the transaction, claim and all, and what the handler
+//     writes after it commits on its own, outside any key, so a retry
+//     writes it again. Send no BEGIN, COMMIT or ROLLBACK of your own.
+//   - A remembered response (2xx, 3xx, and 4xx but those above) commits
+//     with the rows the handler wrote, as it would without InTx: an error
+//     the framework renders as a 4xx, such as echo's HTTPError(402),
+//     keeps them. Roll back by answering 5xx.
 //   - A call to a remote service cannot be in the transaction: make it
 //     before, or through idem.Step with a StepKey the other service
 //     honours, so that a retry does not repeat it.

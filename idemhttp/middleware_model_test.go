@@ -66,7 +66,7 @@ func TestMiddlewareModel(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
 		runMiddlewareModel(t, budget, func() *idem.Store[idemhttp.Response] {
 			return idem.New[idemhttp.Response](idem.Options{})
-		})
+		}, nil)
 	})
 	t.Run("bolt", func(t *testing.T) {
 		b, err := bolt.Open(filepath.Join(t.TempDir(), "idem.db"), nil)
@@ -76,7 +76,7 @@ func TestMiddlewareModel(t *testing.T) {
 		t.Cleanup(func() { b.Close() })
 		runMiddlewareModel(t, budget, func() *idem.Store[idemhttp.Response] {
 			return idem.New[idemhttp.Response](idem.Options{Backend: b})
-		})
+		}, nil)
 	})
 }
 
@@ -267,6 +267,10 @@ type modelServer struct {
 	errs    []string                 // contract violations seen by the handler
 	client  *http.Client
 	prefix  string
+
+	tx     *txModel                 // the transactional mode's database, if the guards run in it
+	served map[string]chan struct{} // by request id: closed when the guard has answered it
+	first  map[string]*call         // by request id, in the transactional mode: the answer its own client got
 }
 
 var modelSequence atomic.Int64
@@ -309,7 +313,7 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if k.running == ru {
 			k.running = nil
 		}
-		if _, remembered, _ := expect(p, id); remembered {
+		if _, remembered, _ := m.expect(p, id); remembered {
 			k.done = ru
 		}
 		m.mu.Unlock()
@@ -317,6 +321,9 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	if p.Block {
 		<-gate
+	}
+	if m.tx != nil {
+		m.insertRow(r.Context(), key, id)
 	}
 
 	h := w.Header()
@@ -329,14 +336,14 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch p.Hijack {
 	case hijackFirst:
-		hijackAnswer(w, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\nX-Raw: "+id+"\r\n\r\nraw")
+		m.hijack(w, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\nX-Raw: "+id+"\r\n\r\nraw")
 		panicIf(p.Panic != noPanic)
 		return
 	case hijack101:
 		h.Set("Connection", "Upgrade")
 		h.Set("Upgrade", "model")
 		w.WriteHeader(http.StatusSwitchingProtocols)
-		hijackAnswer(w, "raw "+id)
+		m.hijack(w, "raw "+id)
 		panicIf(p.Panic != noPanic)
 		return
 	}
@@ -352,7 +359,7 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).Flush()
 	}
 	if p.Hijack == hijackMidway {
-		hijackAnswer(w, "raw "+id)
+		m.hijack(w, "raw "+id)
 		panicIf(p.Panic != noPanic)
 		return
 	}
@@ -397,6 +404,7 @@ func (m *modelServer) send(url, key, payload string, p plan) *call {
 	m.plans[id] = p
 	m.started[id] = make(chan struct{})
 	m.ended[id] = make(chan struct{})
+	m.served[id] = make(chan struct{})
 	if p.Block {
 		m.gates[id] = make(chan struct{})
 	}
@@ -427,13 +435,22 @@ func (m *modelServer) wait(rt *rapid.T, c *call) {
 		rt.Fatalf("request %s (key %s, %v) not answered in 10 s", c.id, c.key, c.plan)
 	}
 	m.mu.Lock()
-	ru, ended := m.ran[c.id], m.ended[c.id]
+	ru, ended, served := m.ran[c.id], m.ended[c.id], m.served[c.id]
 	m.mu.Unlock()
 	if ru != nil {
 		select {
 		case <-ended:
 		case <-time.After(10 * time.Second):
 			rt.Fatalf("request %s's handler (%v) did not return in 10 s", c.id, c.plan)
+		}
+	}
+	if m.tx != nil && ru != nil {
+		// Its transaction commits after the handler returns, and before
+		// the guard answers, even to a client that hung up.
+		select {
+		case <-served:
+		case <-time.After(10 * time.Second):
+			rt.Fatalf("request %s (%v) was not answered in 10 s after its handler returned", c.id, c.plan)
 		}
 	}
 }
@@ -463,9 +480,12 @@ func (m *modelServer) check(rt *rapid.T, c *call) {
 			}
 			return
 		}
-		want, _, _ := expect(k.done.plan, k.done.id)
+		want, _, _ := m.expect(k.done.plan, k.done.id)
 		if why := replayDiff(c, want); why != "" {
 			rt.Fatalf("request %s: retry of key %s, remembered from request %s (%v): %s", c.id, c.key, k.done.id, k.done.plan, why)
+		}
+		if m.tx != nil {
+			m.checkFirstAnswer(rt, c, k.done.id)
 		}
 		return
 	}
@@ -476,8 +496,10 @@ func (m *modelServer) check(rt *rapid.T, c *call) {
 	// contract allows for some run of the key.
 	var why []string
 	for _, r := range k.runs {
-		want, remembered, complete := expect(r.plan, r.id)
+		want, remembered, complete := m.expect(r.plan, r.id)
 		switch {
+		case m.tx != nil && waitedOnRefusedTx(r.plan, got, problem):
+			return
 		case c.payload != r.payload && got == http.StatusUnprocessableEntity && problem:
 			return
 		case r.plan.Panic != noPanic && got == http.StatusInternalServerError && problem:
@@ -507,6 +529,10 @@ func (m *modelServer) checkOwn(rt *rapid.T, c *call) {
 	if c.resp != nil && c.resp.Header.Get(idemhttp.ReplayedHeader) != "" {
 		rt.Fatalf("request %s ran its handler (%v) and its answer is marked as a replay", c.id, p)
 	}
+	if m.tx != nil {
+		m.checkOwnTx(rt, c)
+		return
+	}
 	if c.hungUp || p.Hijack != noHijack || p.Panic == panicLast {
 		return // its answer is the handler's, on the connection, or aborted
 	}
@@ -519,7 +545,7 @@ func (m *modelServer) checkOwn(rt *rapid.T, c *call) {
 		}
 		return
 	}
-	want, _, _ := expect(p, c.id)
+	want, _, _ := m.expect(p, c.id)
 	if c.resp.StatusCode != want.Status || !bytes.Equal(c.body, modelBody(c.id, p.Body)) {
 		rt.Fatalf("request %s (%v): got %d with %d bytes, want its handler's %d with %d", c.id, p, c.resp.StatusCode, len(c.body), want.Status, p.Body)
 	}
@@ -560,8 +586,9 @@ func replayDiff(c *call, want idemhttp.Response) string {
 }
 
 // runMiddlewareModel runs the model over stores made by newStore, one a
-// sequence, until budget is spent or rapid's checks end.
-func runMiddlewareModel(t *testing.T, budget time.Duration, newStore func() *idem.Store[idemhttp.Response]) {
+// sequence, until budget is spent or rapid's checks end; with tx, in the
+// transactional mode over tx's database, whose rows it checks too.
+func runMiddlewareModel(t *testing.T, budget time.Duration, newStore func() *idem.Store[idemhttp.Response], tx *txModel) {
 	deadline := time.Now().Add(budget)
 	sequences := 0
 	var failing bool
@@ -574,13 +601,16 @@ func runMiddlewareModel(t *testing.T, budget time.Duration, newStore func() *ide
 		m := &modelServer{
 			keys: map[string]*keyModel{}, plans: map[string]plan{}, ran: map[string]*run{},
 			started: map[string]chan struct{}{}, ended: map[string]chan struct{}{}, gates: map[string]chan struct{}{},
-			prefix: fmt.Sprintf("s%d", modelSequence.Add(1)),
+			prefix: fmt.Sprintf("s%d", modelSequence.Add(1)), tx: tx, served: map[string]chan struct{}{}, first: map[string]*call{},
 		}
 		store := newStore()
 		opts := idemhttp.Options{Unscoped: true, Logger: quiet(), MaxStoredBody: modelMaxBody, SkipHeaders: []string{"X-Request-Id"}}
-		waiting := httptest.NewServer(idemhttp.Middleware(store, opts)(m))
+		if tx != nil {
+			opts.InTx = tx.inTx
+		}
+		waiting := httptest.NewServer(m.serve(idemhttp.Middleware(store, opts)(m)))
 		opts.Wait = 20 * time.Millisecond // a duplicate is 409 at once, in effect
-		hasty := httptest.NewServer(idemhttp.Middleware(store, opts)(m))
+		hasty := httptest.NewServer(m.serve(idemhttp.Middleware(store, opts)(m)))
 		// No keep-alives: net/http retries a request that carries an
 		// Idempotency-Key on a reused connection that fails, which would
 		// make one call two requests.
@@ -610,9 +640,13 @@ func runMiddlewareModel(t *testing.T, budget time.Duration, newStore func() *ide
 		drawPayload := func() string { return rapid.SampledFrom([]string{`{"a":1}`, `{"a":2}`}).Draw(rt, "payload") }
 		violations := func(rt *rapid.T) {
 			m.mu.Lock()
-			defer m.mu.Unlock()
-			if len(m.errs) > 0 {
-				rt.Fatalf("%s", strings.Join(m.errs, "\n"))
+			errs := strings.Join(m.errs, "\n")
+			m.mu.Unlock()
+			if errs != "" {
+				rt.Fatalf("%s", errs)
+			}
+			if tx != nil {
+				m.checkRows(rt)
 			}
 		}
 		quiet := func(key string) bool { return blocked == nil || blocked.key != key }
@@ -645,6 +679,11 @@ func runMiddlewareModel(t *testing.T, budget time.Duration, newStore func() *ide
 			"": violations,
 			"request": func(rt *rapid.T) {
 				key := drawKey()
+				if tx != nil && tx.oneWriter && blocked != nil && quiet(key) {
+					// The blocked run's transaction holds the one writer:
+					// no other key can run until it is released.
+					rt.Skip("the database's one writer is held")
+				}
 				c := m.send(waiting.URL, key, drawPayload(), drawPlan(rt, false))
 				if c.quiet = quiet(key); !c.quiet {
 					overlap = append(overlap, c) // it waits for the blocked run

@@ -48,11 +48,11 @@
 //     which commits) commits its rows with a claim that has no outcome:
 //     the key is then interrupted, as it would be without InTx, and the
 //     request and its retries are answered 500, "its outcome is unknown",
-//     until an operator settles the key. Neither database can stop
-//     transaction control sent as raw SQL: on PostgreSQL, a ROLLBACK
-//     statement ends the transaction, claim and all, and what the handler
-//     writes after it commits on its own, outside any key, so a retry
-//     writes it again. Send no BEGIN, COMMIT or ROLLBACK of your own.
+//     until an operator settles the key. On PostgreSQL a ROLLBACK sent
+//     as raw SQL (not through the transaction's Rollback) ends the
+//     transaction, claim and all, and what the handler writes after it
+//     commits on its own, outside any key, so a retry writes it again.
+//     Send no BEGIN, COMMIT or ROLLBACK statement of your own.
 //   - A remembered response (2xx, 3xx, and 4xx but those above) commits
 //     with the rows the handler wrote, as it would without InTx: an error
 //     the framework renders as a 4xx, such as echo's HTTPError(402),

@@ -56,6 +56,8 @@ func harness() idemtest.Harness {
 			paths[reopened] = paths[b]
 			return reopened
 		},
+		// The file's lock proves the owners of its pending claims dead.
+		ReopenProvesDeath: true,
 	}
 }
 

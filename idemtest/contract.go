@@ -29,6 +29,14 @@ type Harness struct {
 	// Store. They are skipped for memory-only stores.
 	Reopen func(t *testing.T, b backend.Backend) backend.Backend
 
+	// ReopenProvesDeath reports that Reopen finds the owners of the
+	// records left pending dead (bolt: they held the file's lock) and
+	// makes those records interrupted, with no lease left to judge
+	// (backend.Record.WithOwnerDead). RunContract then checks that it
+	// does. A shared backend, whose owners may live in other processes,
+	// leaves it false.
+	ReopenProvesDeath bool
+
 	// ServerClock reports that the backend judges leases and expiry by its
 	// server's clock and ignores Options.Now (postgres, redis). The suite
 	// then skips the tests that move an injected Clock; those that wait
@@ -47,6 +55,9 @@ type Harness struct {
 // The suite runs its tests one at a time, on the real clock apart from
 // the injected Clock tests, and takes a few seconds per entry point.
 func RunContract(t *testing.T, h Harness) {
+	if h.Backend != nil && h.Reopen != nil && h.ReopenProvesDeath {
+		t.Run("ReopenInterruptsPending", func(t *testing.T) { testReopenInterruptsPending(t, h) })
+	}
 	for _, ep := range entryPoints {
 		t.Run(ep.name, func(t *testing.T) {
 			for _, tc := range contractTests {

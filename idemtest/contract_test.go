@@ -24,5 +24,6 @@ func TestContractMemoryBackend(t *testing.T) {
 			b.(*idemtest.MemoryBackend).Crash()
 			return b
 		},
+		ReopenProvesDeath: true,
 	})
 }

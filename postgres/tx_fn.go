@@ -38,15 +38,26 @@ type fnTx struct {
 	closed bool
 }
 
+// ended reports whether fn may no longer send statements through t: it
+// committed or rolled back the savepoint, or it ended the claim's
+// transaction itself with a COMMIT or ROLLBACK statement. After such a
+// statement the connection is idle, outside any transaction, and each
+// later statement would commit on its own, outside any key, for every
+// retry to write again; its status, kept from the server's last reply,
+// says so without a round trip.
+func (t *fnTx) ended() bool {
+	return t.closed || t.Tx.Conn().PgConn().TxStatus() == 'I'
+}
+
 func (t *fnTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if t.closed {
+	if t.ended() {
 		return nil, pgx.ErrTxClosed
 	}
 	return t.Tx.Begin(ctx)
 }
 
 func (t *fnTx) Commit(ctx context.Context) error {
-	if t.closed {
+	if t.ended() {
 		return pgx.ErrTxClosed
 	}
 	_, err := t.Tx.Exec(ctx, `release savepoint `+savepoint)
@@ -55,7 +66,7 @@ func (t *fnTx) Commit(ctx context.Context) error {
 }
 
 func (t *fnTx) Rollback(ctx context.Context) error {
-	if t.closed {
+	if t.ended() {
 		return pgx.ErrTxClosed
 	}
 	_, err := t.Tx.Exec(ctx, `rollback to savepoint `+savepoint)
@@ -64,21 +75,21 @@ func (t *fnTx) Rollback(ctx context.Context) error {
 }
 
 func (t *fnTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.closed {
+	if t.ended() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	return t.Tx.Exec(ctx, sql, args...)
 }
 
 func (t *fnTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if t.closed {
+	if t.ended() {
 		return nil, pgx.ErrTxClosed
 	}
 	return t.Tx.Prepare(ctx, name, sql)
 }
 
 func (t *fnTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.closed {
+	if t.ended() {
 		// As pgx does: the error also comes from the rows, for a caller
 		// that checks it there.
 		return closedRows{}, pgx.ErrTxClosed
@@ -87,21 +98,21 @@ func (t *fnTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, er
 }
 
 func (t *fnTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.closed {
+	if t.ended() {
 		return closedRows{}
 	}
 	return t.Tx.QueryRow(ctx, sql, args...)
 }
 
 func (t *fnTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if t.closed {
+	if t.ended() {
 		return 0, pgx.ErrTxClosed
 	}
 	return t.Tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (t *fnTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if t.closed {
+	if t.ended() {
 		return closedBatch{}
 	}
 	return t.Tx.SendBatch(ctx, b)

@@ -117,8 +117,9 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 			return e.err
 		case claimRecheck:
 			// Another payload's claim on its way to the Backend: the
-			// key's payload is the Backend's to say, once it has ended.
-			if err := wait(ctx, e); err != nil {
+			// key's payload is the Backend's to say, once it has landed
+			// or the claim has ended.
+			if err := recheck(ctx, e); err != nil {
 				return err
 			}
 			continue
@@ -164,6 +165,26 @@ func wait[R any](ctx context.Context, e *entry[R]) error {
 			return fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
 		}
 	}
+}
+
+// recheck waits until e's claim lands or its outcome is set, or returns
+// an error matching both ErrInProgress and ctx's error if ctx ends first.
+func recheck[R any](ctx context.Context, e *entry[R]) error {
+	if testHookWait != nil {
+		testHookWait()
+	}
+	select {
+	case <-e.done:
+	case <-e.checked:
+	case <-ctx.Done():
+		select {
+		case <-e.done:
+		case <-e.checked:
+		default:
+			return fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
+		}
+	}
+	return nil
 }
 
 // workContext returns the context an owner works under: ctx's values

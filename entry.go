@@ -24,6 +24,11 @@ type entry[R any] struct {
 	// hand it to a waiter that then reads it unlocked. Nil while nobody waits:
 	// most executions never pay for a channel.
 	done chan struct{}
+	// checked is closed once the entry's claim lands in the Backend (its
+	// payload is then the key's). A caller with another payload makes it,
+	// under shard.mu, to learn that before the outcome (claimRecheck);
+	// never replaced, so it is read unlocked like done.
+	checked chan struct{}
 
 	// Written only by the execution, before completed is set or done is
 	// closed; read only after observing either.

@@ -27,7 +27,7 @@ const (
 	claimOwner   claimKind = iota // the key was absent: the caller must execute and settle
 	claimWait                     // in flight: wait on entry.done
 	claimReplay                   // completed: entry.val and entry.err are the outcome
-	claimRecheck                  // in flight with another payload, unconfirmed: wait on entry.done, then claim again
+	claimRecheck                  // in flight with another payload, unconfirmed: wait on entry.done or entry.checked, then claim again
 )
 
 // A table is the claim table: every key's entry, split across shards. Its
@@ -96,6 +96,9 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone, un
 				e.done = make(chan struct{})
 			}
 			if e.fp != fp {
+				if e.checked == nil {
+					e.checked = make(chan struct{})
+				}
 				return e, claimRecheck, nil
 			}
 			return e, claimWait, nil
@@ -117,6 +120,9 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone, un
 func (t *table[R]) confirm(e *entry[R]) {
 	sh := e.shard
 	sh.mu.Lock()
+	if e.unconfirmed && e.checked != nil {
+		close(e.checked) // the callers with another payload are refused now
+	}
 	e.unconfirmed = false
 	sh.mu.Unlock()
 }

@@ -14,8 +14,9 @@ import (
 // when it reopens (Harness.ReopenProvesDeath) finds every record left
 // pending, its lease live or none, interrupted with a zero LeaseUntil, so
 // that a Store acts on it at once; the claim keeps its token,
-// fingerprint, creation time and steps, its owner's token may still settle
-// or resume it, and a completed record is kept as it was.
+// fingerprint, creation time and steps, its token may no longer renew it
+// or add a step but may still settle or resume it, and a completed record
+// is kept as it was.
 func testReopenInterruptsPending(t *testing.T, h Harness) {
 	b := h.Backend(t)
 	if b == nil {
@@ -31,6 +32,7 @@ func testReopenInterruptsPending(t *testing.T, h Harness) {
 	}
 
 	b = h.Reopen(t, b)
+	st, steps = b.(backend.Stepper)
 	for _, claim := range []backend.Record{live, unleased} {
 		rec, ok := get(t, b, claim.Key)
 		require.True(t, ok, "%s: a pending record vanished on reopen", claim.Key)
@@ -46,12 +48,17 @@ func testReopenInterruptsPending(t *testing.T, h Harness) {
 	}
 	rec, _ := get(t, b, "done")
 	assertOutcome(t, done, "v", rec)
+	// Its owner is dead: nothing may renew it or add to it any more.
+	assert.ErrorIs(t, b.Renew(ctx, "unleased", unleased.Token, time.Now(), lease), backend.ErrNotOwner, "Renew of a claim whose owner is proven dead")
+	if steps {
+		assert.ErrorIs(t, st.RecordStep(ctx, "unleased", unleased.Token, backend.Step{Name: "late"}, time.Now()), backend.ErrNotOwner, "RecordStep of a claim whose owner is proven dead")
+	}
 
 	if steps {
 		rec, _ := get(t, b, "live")
 		require.Len(t, rec.Steps, 1, "the steps survive the reopen")
 		assert.Equal(t, []byte{0, 1}, rec.Steps[0].Value)
-		resumed, err := b.(backend.Stepper).Resume(ctx, "live", live.Token, token(), time.Now(), lease)
+		resumed, err := st.Resume(ctx, "live", live.Token, token(), time.Now(), lease)
 		require.NoError(t, err, "the interrupted claim is resumable")
 		assert.Len(t, resumed.Steps, 1)
 	} else {

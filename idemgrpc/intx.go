@@ -3,12 +3,10 @@ package idemgrpc
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync/atomic"
-	"time"
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/internal/limit"
+	"github.com/seed094d4201/idem/internal/txrun"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,16 +17,16 @@ import (
 // it with its headers and trailers held, and its answer goes out only once
 // the handler's rows, the key and the reply have committed together.
 func (s *server) serveTx(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, storeKey string, fp []byte, scope string) (any, error) {
-	wait := newWaitBound(ctx, s.opts.Wait)
-	defer wait.stop()
+	wait := txrun.NewWaitBound(ctx, s.opts.Wait)
+	defer wait.Stop()
 	var (
 		quota limit.Reservation
 		rec   *recordingStream
 		own   any // the handler's response, this call's to return
 	)
 	run := func(work context.Context) (Reply, error) {
-		if !wait.start() {
-			return Reply{}, errGaveUp
+		if !wait.Start() {
+			return Reply{}, txrun.ErrGaveUp
 		}
 		// Counted only for a key this call claimed, as in serve.
 		var ok bool
@@ -47,13 +45,13 @@ func (s *server) serveTx(ctx context.Context, req any, info *grpc.UnaryServerInf
 		own = resp
 		return rec.reply(resp, err)
 	}
-	reply, err := s.opts.InTx(wait.ctx, s.store, storeKey, fp, run)
-	for err != nil && !wait.started() && ctx.Err() == nil && ranOutOfTime(err) {
+	reply, err := s.opts.InTx(wait.Ctx(), s.store, storeKey, fp, run)
+	for err != nil && !wait.Started() && ctx.Err() == nil && ranOutOfTime(err) {
 		// As in serve: the run this call waited on ran out of its own
 		// caller's time, and rolled back; this caller has time left.
-		reply, err = s.opts.InTx(wait.ctx, s.store, storeKey, fp, run)
+		reply, err = s.opts.InTx(wait.Ctx(), s.store, storeKey, fp, run)
 	}
-	if !wait.started() { // a replay, or why there is none: no handler ran here
+	if !wait.Started() { // a replay, or why there is none: no handler ran here
 		switch cerr := ctx.Err(); {
 		case err == nil:
 			return s.replay(ctx, reply, nil)
@@ -94,57 +92,4 @@ func (s *server) serveTx(ctx context.Context, req any, info *grpc.UnaryServerInf
 	quota.Cancel()
 	s.opts.Logger.Error("idemgrpc: the handler's transaction did not commit; nothing of it was kept", "method", info.FullMethod, "err", err)
 	return nil, s.retryLater(codes.Unavailable, "the call's changes could not be committed, so nothing was saved; retry with the same key", s.opts.RetryAfter)
-}
-
-// errGaveUp ends the run of a call that stopped waiting for its key before
-// the key was its to run: it was answered already, so the handler does not
-// run, and duplicates that waited on it are told to retry.
-var errGaveUp = fmt.Errorf("%w: the call stopped waiting for its key before it could run", idem.ErrInProgress)
-
-// A waitBound ends a call's wait for its key, at Options.Wait or when its
-// caller's context ends, but never its handler's run once that has
-// started: the answer goes out only after the handler's transaction
-// commits, so the call that runs it waits for it. ctx is what the claim
-// waits under.
-type waitBound struct {
-	ctx        context.Context
-	cancel     context.CancelFunc
-	state      atomic.Int32 // waiting, then running or gaveUp, once
-	timer      *time.Timer
-	stopCaller func() bool
-}
-
-const (
-	waiting int32 = iota
-	running
-	gaveUp
-)
-
-func newWaitBound(caller context.Context, wait time.Duration) *waitBound {
-	b := &waitBound{}
-	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(caller))
-	b.timer = time.AfterFunc(wait, b.giveUp)
-	b.stopCaller = context.AfterFunc(caller, b.giveUp)
-	return b
-}
-
-// giveUp ends the wait, unless the handler has started.
-func (b *waitBound) giveUp() {
-	if b.state.CompareAndSwap(waiting, gaveUp) {
-		b.cancel()
-	}
-}
-
-// start reports whether the handler may run: the wait has not ended, and
-// from now on it will not.
-func (b *waitBound) start() bool { return b.state.CompareAndSwap(waiting, running) }
-
-// started reports whether the handler ran. Read once the claim has
-// returned: a handler that started has finished by then.
-func (b *waitBound) started() bool { return b.state.Load() == running }
-
-func (b *waitBound) stop() {
-	b.timer.Stop()
-	b.stopCaller()
-	b.cancel()
 }

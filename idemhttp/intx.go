@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync/atomic"
-	"time"
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
@@ -19,15 +17,15 @@ import (
 // it with its response held, and the response goes out only once the
 // handler's rows, the key and the response have committed together.
 func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.Handler, storeKey string, fp idem.Fingerprint, scope string, lk logKey) {
-	wait := newWaitBound(r.Context(), g.opts.Wait)
-	defer wait.stop()
+	wait := txrun.NewWaitBound(r.Context(), g.opts.Wait)
+	defer wait.Stop()
 	before := w.Header().Clone() // to undo what a handler whose response is not sent set
 	rec := newRecorder(w, g.headers, g.opts.MaxStoredBody)
 	rec.before, rec.held = before, true
 	var quota limit.Reservation
-	resp, err := g.opts.InTx(wait.ctx, g.store, storeKey, fp[:], func(ctx context.Context) (Response, error) {
-		if !wait.start() {
-			return Response{}, errGaveUp
+	resp, err := g.opts.InTx(wait.Ctx(), g.store, storeKey, fp[:], func(ctx context.Context) (Response, error) {
+		if !wait.Start() {
+			return Response{}, txrun.ErrGaveUp
 		}
 		// Counted only for a key this request claimed, as in Serve.
 		var ok bool
@@ -44,8 +42,8 @@ func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.H
 		}
 		return resp, nil
 	})
-	if !wait.started() { // a replay, or why there is none: no handler ran here
-		if err != nil && !errors.Is(err, idem.ErrInProgress) && wait.ctx.Err() != nil && errors.Is(err, wait.ctx.Err()) {
+	if !wait.Started() { // a replay, or why there is none: no handler ran here
+		if err != nil && !errors.Is(err, idem.ErrInProgress) && wait.Ctx().Err() != nil && errors.Is(err, wait.Ctx().Err()) {
 			// The wait ended (Options.Wait, or the client hung up) before
 			// the claim was even tried: as for any wait that ran out,
 			// retry later. A client can cause this at will: no error log.
@@ -119,59 +117,4 @@ func (g *Guard) interrupted(ctx context.Context, key string) bool {
 	defer cancel()
 	rec, ok, err := opts.Backend.Get(ctx, key, opts.Now())
 	return err == nil && ok && rec.State == backend.StateInterrupted
-}
-
-// errGaveUp ends the run of a request that stopped waiting for its key
-// before the key was its to run: it was answered 409 already, so the
-// handler does not run, and duplicates that waited on it are told to retry.
-var errGaveUp = fmt.Errorf("%w: the request stopped waiting for its key before it could run", idem.ErrInProgress)
-
-// A waitBound ends a request's wait for its key, at Options.Wait or when
-// its client hangs up, but never its handler's run once that has started:
-// the handler's response goes out only after its transaction commits, so
-// the request that runs it waits for it. ctx is what the claim waits under.
-type waitBound struct {
-	ctx        context.Context
-	cancel     context.CancelFunc
-	state      atomic.Int32 // waiting, then running or gaveUp, once
-	timer      *time.Timer
-	stopHangUp func() bool
-}
-
-const (
-	waiting int32 = iota
-	running
-	gaveUp
-)
-
-func newWaitBound(client context.Context, wait time.Duration) *waitBound {
-	b := &waitBound{}
-	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(client))
-	b.timer = time.AfterFunc(wait, b.giveUp)
-	b.stopHangUp = context.AfterFunc(client, b.giveUp)
-	if client.Err() != nil { // gone already: AfterFunc's own goroutine may come too late
-		b.giveUp()
-	}
-	return b
-}
-
-// giveUp ends the wait, unless the handler has started.
-func (b *waitBound) giveUp() {
-	if b.state.CompareAndSwap(waiting, gaveUp) {
-		b.cancel()
-	}
-}
-
-// start reports whether the handler may run: the wait has not ended, and
-// from now on it will not.
-func (b *waitBound) start() bool { return b.state.CompareAndSwap(waiting, running) }
-
-// started reports whether the handler ran. Read once the claim has
-// returned: a handler that started has finished by then.
-func (b *waitBound) started() bool { return b.state.Load() == running }
-
-func (b *waitBound) stop() {
-	b.timer.Stop()
-	b.stopHangUp()
-	b.cancel()
 }

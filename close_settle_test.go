@@ -40,7 +40,7 @@ func (hangingWrites) Renew(ctx context.Context, _, _ string, _ time.Time, _ time
 // hanging too), and a release of unknown fate still being tried. Close
 // returns one settle timeout after the executions ended, however the
 // background work is placed then, and Shutdown says what it gave up.
-func TestReviewCloseReturnsWithinOneSettleTimeoutWhenWritesHang(t *testing.T) {
+func TestCloseReturnsWithinOneSettleTimeoutWhenWritesHang(t *testing.T) {
 	const settle = 300 * time.Millisecond
 	b := hangingWrites{idemtest.NewMemoryBackend()}
 	s := idem.New[order](idem.Options{Backend: b, Lease: 90 * time.Millisecond, SettleTimeout: settle, Logger: slog.New(slog.DiscardHandler)})

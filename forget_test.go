@@ -29,7 +29,7 @@ func (f forgetThen) Forget(ctx context.Context, key string, now time.Time) error
 // old record does not make Forget report ErrKeyHeld: the record is gone,
 // and the new call's run is one the forget licensed (the model suite's
 // Redis run, seed 4192397370944503801, once saw ErrKeyHeld here).
-func TestModelFoundForgetRacingANewClaim(t *testing.T) {
+func TestForgetRacingANewClaimIsNotKeyHeld(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	fb := &forgetThen{Backend: mem}
 	s := idem.New[int](idem.Options{Backend: fb})

@@ -22,7 +22,7 @@ import (
 // for the end of the trust must not start one more renewal under the lost
 // token when it fires (the work goes on past that instant: fn is free to
 // ignore its context).
-func TestReviewNoRenewalAfterNotOwner(t *testing.T) {
+func TestNoRenewalAfterNotOwner(t *testing.T) {
 	var renewals atomic.Int32
 	again := make(chan struct{}, 1)
 	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
@@ -61,7 +61,7 @@ func TestReviewNoRenewalAfterNotOwner(t *testing.T) {
 // after any failure, so the live owner keeps its claim. The renewal must
 // not be left marked in flight for ever, with no renewal ever again and
 // the work cancelled at the end of the trust.
-func TestReviewGoexitInRenewIsAFailedRenewal(t *testing.T) {
+func TestGoexitInRenewIsAFailedRenewal(t *testing.T) {
 	var exited atomic.Bool
 	var renewals atomic.Int32
 	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
@@ -93,7 +93,7 @@ func TestReviewGoexitInRenewIsAFailedRenewal(t *testing.T) {
 // Once renewals have failed, a retry that then hangs (a client that
 // ignores its context) still cannot keep the work trusting its lease:
 // the work's context ends with ErrLeaseLost before the lease could lapse.
-func TestReviewTrustEndsWhenARetriedRenewalHangs(t *testing.T) {
+func TestTrustEndsWhenARetriedRenewalHangs(t *testing.T) {
 	unblock := make(chan struct{})
 	var calls atomic.Int32
 	b := hooked{Backend: idemtest.NewMemoryBackend(), renew: func(context.Context) error {
@@ -131,7 +131,7 @@ func (brokenCodec) Marshal(any) ([]byte, error) { return nil, errors.New("cannot
 // Close while held claims are being renewed fast: every renewal is over
 // when Close returns, none starts after it, and the WaitGroup that counts
 // them is never added to while Close waits on it (run with -race).
-func TestReviewCloseWhileHeldLeasesRenew(t *testing.T) {
+func TestCloseEndsEveryRenewalOfHeldLeases(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		var closed atomic.Bool
 		renewed, late := make(chan struct{}, 1), make(chan struct{}, 1)
@@ -199,7 +199,7 @@ func (b *renewRefusedAfterComplete) Complete(ctx context.Context, rec backend.Re
 // A work context ends as a finished ticket's does, not with ErrLeaseLost,
 // when a renewal lands after the outcome was recorded: the lease was not
 // lost, the work was over.
-func TestReviewWorkEndsBeforeTheOutcomeIsRecorded(t *testing.T) {
+func TestRenewalAfterTheOutcomeIsRecordedIsNoLostLease(t *testing.T) {
 	b := &renewRefusedAfterComplete{Backend: idemtest.NewMemoryBackend(), refused: make(chan struct{})}
 	s := durableStore(t, b, idem.Options{Lease: 30 * time.Millisecond})
 	tk, err := s.Begin(context.Background(), "k", "p")
@@ -266,7 +266,7 @@ func (b *exitingComplete) Renew(ctx context.Context, key, token string, now time
 // s.background.Add(1) would race Close's background.Wait, and the key would
 // stay pending under a live lease that no process will ever record:
 // stranded in flight for every other store.
-func TestReviewGoexitInBackendCompleteStopsRenewals(t *testing.T) {
+func TestGoexitInBackendCompleteStopsRenewals(t *testing.T) {
 	b := &exitingComplete{MemoryBackend: idemtest.NewMemoryBackend(), lateRenewal: make(chan struct{}, 1)}
 	lease := 30 * time.Millisecond
 	s := idem.New[string](idem.Options{Backend: b, Lease: lease, SettleTimeout: 50 * time.Millisecond})

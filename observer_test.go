@@ -24,7 +24,7 @@ import (
 
 // An Observer whose Executing panics (user code) strands no key: the panic
 // does not escape Begin after the key was claimed, and the key is released.
-func TestHostileObserverPanicStrandsKey(t *testing.T) {
+func TestObserverExecutingPanicStrandsNoKey(t *testing.T) {
 	obs := &idem.Observer{Executing: func(ctx context.Context, d int) {
 		if d > 0 {
 			panic("observer bug")
@@ -63,7 +63,7 @@ func TestHostileObserverPanicStrandsKey(t *testing.T) {
 // An Observer.Call that panics when told of an execution does not crash the
 // process: the panic stays inside the library, on RunOnce's goroutine and on
 // any goroutine of the store's own, where the user could not recover it.
-func TestHostileObserverCallPanicCrashesProcess(t *testing.T) {
+func TestObserverCallPanicStaysInTheLibrary(t *testing.T) {
 	if os.Getenv("IDEM_OBSERVER_CALL_PANIC_CHILD") == "1" {
 		obs := &idem.Observer{Call: func(ctx context.Context, key string, o idem.Outcome, d time.Duration) {
 			if o == idem.OutcomeExecuted {
@@ -80,7 +80,7 @@ func TestHostileObserverCallPanicCrashesProcess(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		os.Exit(0)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHostileObserverCallPanicCrashesProcess$")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestObserverCallPanicStaysInTheLibrary$")
 	cmd.Env = append(os.Environ(), "IDEM_OBSERVER_CALL_PANIC_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -141,7 +141,7 @@ func (f *flaky) Complete(ctx context.Context, rec backend.Record, now time.Time,
 
 // Under many goroutines, failures, panics, cancelled callers and dropped
 // tickets: one Call per call, Executing balanced, every span ended once.
-func TestHostileObserverBalanced(t *testing.T) {
+func TestObserverEventsBalanceUnderConcurrency(t *testing.T) {
 	for _, withBackend := range []bool{false, true} {
 		c := &countingObserver{}
 		opts := idem.Options{Observer: c.observer(), SweepInterval: -1, SettleTimeout: 200 * time.Millisecond}
@@ -211,7 +211,7 @@ func TestHostileObserverBalanced(t *testing.T) {
 }
 
 // An abandoned ticket: its span and Executing must still end.
-func TestHostileObserverAbandonedTicket(t *testing.T) {
+func TestAbandonedTicketEndsItsSpanAndExecuting(t *testing.T) {
 	c := &countingObserver{}
 	s := idem.New[int](idem.Options{Observer: c.observer(), SweepInterval: -1, Backend: idemtest.NewMemoryBackend()})
 	func() {
@@ -229,7 +229,7 @@ func TestHostileObserverAbandonedTicket(t *testing.T) {
 
 // The Observer hears an execution's end after its waiters wake: Close and
 // Shutdown wait for that last word, so that a gauge read after Close counts
-// no execution (TestHostileObserverBalanced once saw one in CI).
+// no execution (TestObserverEventsBalanceUnderConcurrency once saw one in CI).
 func TestCloseWaitsForTheObserversLastWord(t *testing.T) {
 	entered, gate := make(chan struct{}), make(chan struct{})
 	var executing atomic.Int64
@@ -299,7 +299,7 @@ func TestGoexitInExecutingEndsTheSpanAndTheGauge(t *testing.T) {
 // recovers the panic and goes on with the caller's context, never a nil one
 // (whose dereference in Begin would escape the library and leave the key in
 // flight for good), so the ticket finishes and its outcome replays.
-func TestModelFoundSpanPanicLeftNilContext(t *testing.T) {
+func TestSpanPanicKeepsTheCallersContext(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		backend bool

@@ -12,7 +12,7 @@ import (
 
 // Records lists no expired record, ends under a cancelled ctx, and says
 // ErrNotListable for a store without a Lister.
-func TestHostileRecords(t *testing.T) {
+func TestRecordsSkipsExpiredHonoursCtxAndNeedsALister(t *testing.T) {
 	clock := newFakeClock()
 	mem := idemtest.NewMemoryBackend()
 	s := newStore[int](t, idem.Options{Backend: mem, Now: clock.Now, TTL: time.Minute, SweepInterval: -1})

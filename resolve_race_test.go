@@ -61,7 +61,7 @@ func interruptedKey(t *testing.T, mem *idemtest.MemoryBackend, key string) {
 // Two operators resolve the same interrupted key with different outcomes at
 // the same time: only one outcome can be recorded, so one of them is told
 // ErrNotInterrupted, never both nil.
-func TestHostileConcurrentResolveBothSucceed(t *testing.T) {
+func TestConcurrentResolvesRecordOneOutcome(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	interruptedKey(t, mem, "m3")
 	hb := &hookBackend{MemoryBackend: mem}
@@ -82,7 +82,7 @@ func TestHostileConcurrentResolveBothSucceed(t *testing.T) {
 // The owner comes back and records its real outcome between the operator's
 // Get and Complete: Resolve returns ErrNotInterrupted, as documented ("its
 // owner records after all"), not success for an outcome it did not record.
-func TestHostileResolveRacesOwnerComplete(t *testing.T) {
+func TestResolveAfterOwnerCompletesIsNotInterrupted(t *testing.T) {
 	clock := newFakeClock()
 	mem := idemtest.NewMemoryBackend()
 	var un idemtest.Unrecorded
@@ -109,7 +109,7 @@ func TestHostileResolveRacesOwnerComplete(t *testing.T) {
 // The reverse order: the operator resolves first, then the owner (lease
 // lapsed) finishes: the owner's outcome is not recorded, and the Observer
 // hears so; the owner is not left believing it was.
-func TestHostileOwnerFinishAfterResolveToldRecorded(t *testing.T) {
+func TestOwnerFinishAfterResolveIsToldNotRecorded(t *testing.T) {
 	clock := newFakeClock()
 	mem := idemtest.NewMemoryBackend()
 	var un idemtest.Unrecorded

@@ -113,7 +113,7 @@ func (h *hangingStepper) RecordStep(ctx context.Context, key, token string, s ba
 // [it] waits for executions in flight, for an fn that honours its
 // context": this fn does). A write under context.WithoutCancel(ctx) with
 // no bound at all would hang both.
-func TestHostileStepRecordOnHungBackendIsUnbounded(t *testing.T) {
+func TestStepRecordOnHungBackendIsBounded(t *testing.T) {
 	h := &hangingStepper{MemoryBackend: idemtest.NewMemoryBackend(), release: make(chan struct{})}
 	var once sync.Once
 	unhang := func() { once.Do(func() { close(h.release) }) }
@@ -163,7 +163,7 @@ func (h *slowResume) Resume(ctx context.Context, key, old, token string, now tim
 // released as a late claim is, Release would delete the record with every
 // recovery point in it, and the next call would start from scratch and run
 // the recorded step again.
-func TestHostileLateResumeReplyDropsRecordedSteps(t *testing.T) {
+func TestLateResumeReplyKeepsRecordedSteps(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	plain := newStore[string](t, idem.Options{Backend: mem, Resume: true})
 	atRecoveryPoint(t, plain, "k", "p")
@@ -207,7 +207,7 @@ func (h *lostResumeReply) Resume(ctx context.Context, key, old, token string, no
 // so a retry resumes without waiting a lease; left unread, it would stand
 // under a token nobody holds for a full lease (30s by default), every
 // retry meanwhile getting ErrInProgress.
-func TestHostileLostResumeReplyStrandsKeyForALease(t *testing.T) {
+func TestLostResumeReplyIsSettledByItsToken(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	lost := &lostResumeReply{MemoryBackend: mem}
 	s := newStore[string](t, idem.Options{Backend: lost, Resume: true})

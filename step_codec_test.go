@@ -17,7 +17,7 @@ import (
 // (NaN in JSON, a channel) must come back as fn returned it, without an
 // error. Encoding it anyway would turn a step whose side effect happened
 // into a failure, so that the caller failed and retried the side effect.
-func TestHostileStepUnencodableResultWithoutRecording(t *testing.T) {
+func TestStepWithoutRecordingReturnsAnUnencodableResult(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts idem.Options
@@ -44,7 +44,7 @@ func TestHostileStepUnencodableResultWithoutRecording(t *testing.T) {
 // the Codec cannot encode: Step must still return that final error (the
 // caller decides on it), joined with the encoding failure if it likes,
 // never dropped for the encoding error alone.
-func TestHostileStepFinalErrorKeptWhenValueUnencodable(t *testing.T) {
+func TestStepFinalErrorKeptWhenValueUnencodable(t *testing.T) {
 	s := newStore[string](t, idem.Options{Backend: idemtest.NewMemoryBackend(), Resume: true})
 	declined := errors.New("card declined")
 	var stepErr error
@@ -68,7 +68,7 @@ func (panickyMarshal) MarshalJSON() ([]byte, error) { panic("MarshalJSON explode
 // escape the library". Step's own encoding keeps that rule: with a Ticket
 // (no RunOnce recover around the work), a panic there does not reach the
 // caller of Step.
-func TestHostileStepCodecPanicDoesNotEscape(t *testing.T) {
+func TestStepCodecPanicDoesNotEscape(t *testing.T) {
 	s := newStore[string](t, idem.Options{Backend: idemtest.NewMemoryBackend(), Resume: true})
 	tk, err := s.Begin(context.Background(), "k", "p")
 	require.NoError(t, err)
@@ -89,7 +89,7 @@ func TestHostileStepCodecPanicDoesNotEscape(t *testing.T) {
 // The same step name used for two different result types in one
 // operation: the second call gets an error (the first's outcome does not
 // decode into it), never a silently zero value.
-func TestHostileStepSameNameOtherType(t *testing.T) {
+func TestStepSameNameOtherTypeIsAnError(t *testing.T) {
 	s := newStore[string](t, idem.Options{Backend: idemtest.NewMemoryBackend(), Resume: true})
 	var second error
 	var got struct{ X []int }

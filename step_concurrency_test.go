@@ -20,7 +20,7 @@ import (
 // same step at once must not both run it: that is the double side effect
 // (a card charged twice under one derived key that the bank may or may not
 // dedupe) the whole API exists to prevent.
-func TestHostileStepConcurrentSameNameRunsOnce(t *testing.T) {
+func TestStepConcurrentSameNameRunsOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts idem.Options
@@ -63,7 +63,7 @@ func TestHostileStepConcurrentSameNameRunsOnce(t *testing.T) {
 // Two stores over one bolt file, four callers each, all retrying one key
 // at its recovery point at once: exactly one resumes, the recorded step
 // never runs again, the next step runs once, everyone gets its outcome.
-func TestHostileTwoStoresResumeAtOnce(t *testing.T) {
+func TestTwoStoresResumingAtOnceRunEachStepOnce(t *testing.T) {
 	b := openBolt(t)
 	stores := []*idem.Store[string]{
 		newStore[string](t, idem.Options{Backend: b, Resume: true}),
@@ -113,7 +113,7 @@ func TestHostileTwoStoresResumeAtOnce(t *testing.T) {
 // Many steps recorded concurrently from goroutines of one fn, with
 // distinct names: all are recorded (no lost update in the record's read-
 // modify-write), and none runs again on the resumed run.
-func TestHostileStepsConcurrentDistinctNames(t *testing.T) {
+func TestConcurrentDistinctStepsAreAllRecorded(t *testing.T) {
 	b := openBolt(t)
 	s := newStore[string](t, idem.Options{Backend: b, Resume: true})
 	const n = 32

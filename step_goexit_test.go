@@ -106,7 +106,7 @@ func TestRecordStepOfUnknownFateKeepsTheStep(t *testing.T) {
 // (for "idem.execute" and "idem.record") keep the claim at its recovery
 // point rather than release it with Backend.Release, which would drop the
 // recorded steps and let the next call run step "a" (the charge) again.
-func TestReviewGoexitInSpanKeepsRecoveryPoint(t *testing.T) {
+func TestGoexitInSpanKeepsRecoveryPoint(t *testing.T) {
 	for _, phase := range []string{"idem.execute", "idem.record"} {
 		t.Run(phase, func(t *testing.T) {
 			mem := idemtest.NewMemoryBackend()

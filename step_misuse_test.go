@@ -154,7 +154,7 @@ func TestRecoveryPointSurvivesABackwardClockStep(t *testing.T) {
 // gets the operation's own key, so a service handed both (the whole
 // operation's key for one call, the step's for another) would take the
 // second call for a repeat of the first.
-func TestHostileStepKeyEmptyNameCollidesWithOperationKey(t *testing.T) {
+func TestStepKeyDiffersFromOperationKeyForAnEmptyName(t *testing.T) {
 	s := newStore[string](t, idem.Options{})
 	var opKey, stepKey string
 	var stepErr error
@@ -176,7 +176,7 @@ func TestHostileStepKeyEmptyNameCollidesWithOperationKey(t *testing.T) {
 // a replayed ticket it is Begin's ctx"), whether the replay came from
 // memory or from the Backend: Step must refuse rather than run a side
 // effect for an operation that is over.
-func TestHostileReplayedTicketHasNoOperation(t *testing.T) {
+func TestStepOnAReplayedTicketIsRefused(t *testing.T) {
 	b := openBolt(t)
 	s := newStore[string](t, idem.Options{Backend: b, Resume: true})
 	_, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (string, error) { return "done", nil })
@@ -195,7 +195,7 @@ func TestHostileReplayedTicketHasNoOperation(t *testing.T) {
 // Step called with the operation's ctx after fn returned (a goroutine that
 // kept it): the operation is completed, so the step must not run; Step
 // says so before calling fn, and the record's steps are unchanged.
-func TestHostileStepAfterOperationReturned(t *testing.T) {
+func TestStepAfterOperationReturnedDoesNotRun(t *testing.T) {
 	b := openBolt(t)
 	s := newStore[string](t, idem.Options{Backend: b, Resume: true})
 	var kept context.Context

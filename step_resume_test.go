@@ -21,7 +21,7 @@ import (
 // an ordinary error resumes at once: the failed run's lease lapses without
 // the clock moving (renewed to 1ns, it would lapse only once that clock
 // moved, and the retry would find the key in flight until its ctx ended).
-func TestHostileResumeAfterErrorWithFakeClock(t *testing.T) {
+func TestResumeAfterErrorWithFakeClockIsImmediate(t *testing.T) {
 	for _, tc := range stepBackends {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
@@ -43,7 +43,7 @@ func TestHostileResumeAfterErrorWithFakeClock(t *testing.T) {
 
 // A key at its recovery point, retried with another payload, is
 // ErrPayloadMismatch, not a resume; the right payload then resumes.
-func TestHostileResumeOtherPayloadIsMismatch(t *testing.T) {
+func TestResumeWithOtherPayloadIsMismatch(t *testing.T) {
 	b := openBolt(t)
 	s := newStore[string](t, idem.Options{Backend: b, Resume: true, RetryInterrupted: true})
 	atRecoveryPoint(t, s, "k", "p")
@@ -63,7 +63,7 @@ func TestHostileResumeOtherPayloadIsMismatch(t *testing.T) {
 // A stale owner whose lease lapsed (by the store's clock) and whose key
 // another store resumed can neither record a step nor complete: the
 // resumer's outcome stands.
-func TestHostileStaleOwnerAfterResume(t *testing.T) {
+func TestStaleOwnerCannotWriteAfterAnotherResumes(t *testing.T) {
 	mem := idemtest.NewMemoryBackend()
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	// The stale owner is cut off from the backend (its renewals fail), so
@@ -124,7 +124,7 @@ func TestHostileStaleOwnerAfterResume(t *testing.T) {
 // A step that panics after an earlier step was recorded: the panic is a
 // *PanicError, the key stays at its recovery point, and the next call
 // resumes without running the recorded step.
-func TestHostileStepPanicKeepsRecoveryPoint(t *testing.T) {
+func TestStepPanicKeepsRecoveryPoint(t *testing.T) {
 	b := openBolt(t)
 	s := newStore[string](t, idem.Options{Backend: b, Resume: true})
 	var aRuns, bRuns atomic.Int32
@@ -158,7 +158,7 @@ func TestHostileStepPanicKeepsRecoveryPoint(t *testing.T) {
 
 // Begin/Ticket users: Step under Ticket.Context() records; a panic caught
 // by the deferred Release keeps the recovery point; the next Begin resumes.
-func TestHostileTicketStepsResume(t *testing.T) {
+func TestTicketStepsResumeAfterRelease(t *testing.T) {
 	b := openBolt(t)
 	s := newStore[string](t, idem.Options{Backend: b, Resume: true})
 	var aRuns atomic.Int32
@@ -197,7 +197,7 @@ func TestHostileTicketStepsResume(t *testing.T) {
 // README: "an interrupted key keeps [its steps] until it resumes, as it
 // never expires on its own". A key at its recovery point, long past its
 // TTL and swept, still resumes without rerunning its recorded step.
-func TestHostileRecoveryPointOutlivesTTLAndSweep(t *testing.T) {
+func TestRecoveryPointOutlivesTTLAndSweep(t *testing.T) {
 	for _, tc := range stepBackends {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
@@ -221,7 +221,7 @@ func TestHostileRecoveryPointOutlivesTTLAndSweep(t *testing.T) {
 // README: steps "go with [the record] when the outcome expires (TTL) or
 // the key is forgotten": the next operation under the key runs its steps
 // afresh, never replaying a step of the operation before.
-func TestHostileStepsGoWithExpiryAndForget(t *testing.T) {
+func TestStepsGoWithExpiryAndForget(t *testing.T) {
 	for _, tc := range stepBackends {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))

@@ -12,7 +12,7 @@ import (
 // helper) does not end the background sweeper: as after a panic there,
 // sweeping goes on and expired outcomes are still removed (rule 8: bounded
 // memory). A Goexit used to end sweepLoop silently, for good.
-func TestAttackSweeperSurvivesObserverGoexit(t *testing.T) {
+func TestSweeperSurvivesObserverGoexit(t *testing.T) {
 	clock := newFakeClock()
 	var calls atomic.Int32
 	s := newStore[int](t, Options{
@@ -51,7 +51,7 @@ func TestAttackSweeperSurvivesObserverGoexit(t *testing.T) {
 // crash the process": Sweep's too, so a panicking Observer.Sweep does not
 // escape Store.Sweep (it was once called bare, unlike Call, Executing and
 // Span).
-func TestAttackObserverSweepPanicEscapesSweep(t *testing.T) {
+func TestObserverSweepPanicStaysInSweep(t *testing.T) {
 	s := newStore[int](t, Options{
 		TTL: time.Hour, SweepInterval: -1,
 		Observer: &Observer{Sweep: func(context.Context, int, error) { panic("observer bug") }},

@@ -294,7 +294,7 @@ func TestExpiryOrderUnderASteppingClock(t *testing.T) {
 // took 130 ms against 2 ms). Checked by the shape it leaves, not by
 // timing: the step back's completions are a new run, and every entry
 // still expires at its own instant.
-func TestReviewExpiryRunsCompletionCostAfterClockSteps(t *testing.T) {
+func TestCompletionAfterClockStepsStartsItsOwnExpiryRun(t *testing.T) {
 	clock := newFakeClock()
 	s := newStore[int](t, Options{TTL: time.Minute, Now: clock.Now, SweepInterval: -1})
 	target := s.table.shard("seed")

@@ -101,10 +101,9 @@ func TestGRPCRetryPolicyResendsTheKey(t *testing.T) {
 	assert.Equal(t, drop.keys[0], drop.keys[1], "gRPC's retry sent the same key")
 }
 
-// The client interceptor: a RetryInfo longer than the caller's deadline is
-// slept until the deadline instead of being given up at once; MaxAttempts
-// is kept and the key is the same on every attempt.
-func TestHostileGRPCClientRetry(t *testing.T) {
+// The client interceptor retries an Aborted call MaxAttempts times in all,
+// with the same key on every attempt.
+func TestClientRetryKeepsMaxAttemptsAndOneKey(t *testing.T) {
 	var attempts atomic.Int32
 	var seen sync.Map
 	aborted := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -124,7 +123,9 @@ func TestHostileGRPCClientRetry(t *testing.T) {
 	assert.Equal(t, 1, n, "one key across attempts")
 }
 
-func TestHostileGRPCClientRetryInfoBeyondDeadline(t *testing.T) {
+// A RetryInfo delay past the caller's deadline cannot succeed: the client
+// gives up at once instead of sleeping until the deadline.
+func TestClientGivesUpAtOnceOnRetryInfoBeyondDeadline(t *testing.T) {
 	aborted := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		st, _ := status.New(codes.Aborted, "in flight").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Hour)})
 		return nil, st.Err()

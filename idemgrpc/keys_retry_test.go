@@ -117,8 +117,10 @@ func TestNonASCIIKeyFailsOnTheClient(t *testing.T) {
 // Keys that the key field treats specially, sent with WithKey through a
 // real gRPC connection: each is one key on the server (its retry replays)
 // and no two collide, a key and its quoted spelling included ("a" and a,
-// " x" and x, a,b and "a,b").
-func TestReviewSpecialKeysRoundTripThroughGRPC(t *testing.T) {
+// " x" and x, a,b and "a,b"). "a, b", the value a proxy makes of two
+// fields, is one key when WithKey sends it: it travels quoted; the bare
+// value is refused (TestCommaJoinedKeysAreRefusedAndQuotedKeysRead).
+func TestSpecialKeysRoundTripThroughGRPC(t *testing.T) {
 	p := &payments{}
 	conn := startBuf(t, p, []grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{Unscoped: true})})
 	keys := []string{"a", `"a"`, `"a`, `a"`, `\"a\"`, "a,b", `"a,b"`, `a\,b`, "x", " x", "x ", " x ", `\`, `\\`, `"`, `""`, ";p=1", `"k";p=1`, "a, b", " "}

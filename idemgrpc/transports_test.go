@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -96,7 +95,7 @@ func TestReplayIsAPrivateDecodedCopy(t *testing.T) {
 // A header set after the headers were sent is refused by gRPC (the first
 // caller never gets it), but the recorder keeps it: the replay is not the
 // first answer.
-func TestReviewHeaderRefusedByGRPCIsReplayed(t *testing.T) {
+func TestHeaderRefusedByGRPCIsNotReplayed(t *testing.T) {
 	var setErr error
 	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
 		_ = grpc.SendHeader(ctx, metadata.Pairs("charge-id", "ch_1"))
@@ -113,20 +112,10 @@ func TestReviewHeaderRefusedByGRPCIsReplayed(t *testing.T) {
 	assert.Equal(t, h1.Get("late"), h2.Get("late"), "the replay carries a header the first caller never got")
 }
 
-// A key that a proxy made of two idempotency-key fields ("a, b") is one
-// key to the gRPC interceptor; idemhttp refuses the same value.
-func TestReviewCommaJoinedKeyAccepted(t *testing.T) {
-	var runs atomic.Int32
-	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) { runs.Add(1); return in, nil },
-		[]grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}), idemgrpc.Options{Unscoped: true})})
-	_, err := callDo(context.Background(), conn, "a, b")
-	t.Logf("comma key: %v runs=%d", status.Code(err), runs.Load())
-}
-
 // Caller A (deadline 100ms) claims the key; duplicate B (deadline 5s)
 // coalesces onto A's execution. B, with plenty of time left, does not get
 // A's deadline failure: the work is not bounded by A's deadline alone.
-func TestH21CoalescedDuplicateInheritsFirstCallersDeadline(t *testing.T) {
+func TestCoalescedDuplicateOutlivesTheFirstCallersDeadline(t *testing.T) {
 	var runs atomic.Int32
 	handler := func(ctx context.Context, req any) (any, error) {
 		runs.Add(1)

@@ -22,7 +22,7 @@ import (
 
 // A final error with details (ErrorInfo, BadRequest, ...): the first
 // caller, not only the replay, gets a status rebuilt from code and message.
-func TestHostileGRPCFinalErrorKeepsDetails(t *testing.T) {
+func TestFinalErrorKeepsDetails(t *testing.T) {
 	var runs atomic.Int32
 	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
 		runs.Add(1)
@@ -38,10 +38,10 @@ func TestHostileGRPCFinalErrorKeepsDetails(t *testing.T) {
 	assert.Equal(t, int32(1), runs.Load())
 }
 
-// The replay from memory hands out the handler's own message: a handler
-// that returns an object it keeps (a cache, a repository) and changes
-// later makes the replay differ from what the first caller got.
-func TestHostileGRPCReplayAliasesHandlerMessage(t *testing.T) {
+// A handler may return an object it keeps (a cache, a repository) and
+// change it later: the replay from memory is still what the first caller
+// got, not the handler's message as it is now.
+func TestReplayDoesNotAliasTheHandlersMessage(t *testing.T) {
 	order, _ := structpb.NewStruct(map[string]any{"status": "paid"})
 	var mu sync.Mutex
 	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
@@ -59,9 +59,9 @@ func TestHostileGRPCReplayAliasesHandlerMessage(t *testing.T) {
 	assert.Equal(t, first.Fields["status"].GetStringValue(), replay.Fields["status"].GetStringValue(), "the replay is not the first answer")
 }
 
-// An outer interceptor that adapts a response per caller (redaction) mutates
-// the message the store shares between replays.
-func TestHostileGRPCOuterInterceptorMutatesSharedReply(t *testing.T) {
+// An outer interceptor that adapts a response per caller (redaction)
+// changes only its own caller's reply, never the one later replays answer.
+func TestOuterInterceptorCannotChangeLaterReplays(t *testing.T) {
 	redact := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		resp, err := handler(ctx, req)
 		if s, ok := resp.(*structpb.Struct); ok {
@@ -86,8 +86,9 @@ func TestHostileGRPCOuterInterceptorMutatesSharedReply(t *testing.T) {
 	assert.Equal(t, "4242", again.Fields["card"].GetStringValue(), "the clerk's redaction was written into the remembered reply")
 }
 
-// The same, concurrently: a data race on the shared message (run with -race).
-func TestHostileGRPCConcurrentReplayMutationRace(t *testing.T) {
+// The same, concurrently: replays that outer interceptors change at once
+// share no message (run with -race).
+func TestConcurrentReplaysMayBeMutatedWithoutARace(t *testing.T) {
 	stamp := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		resp, err := handler(ctx, req)
 		if s, ok := resp.(*structpb.Struct); ok {
@@ -113,9 +114,9 @@ func TestHostileGRPCConcurrentReplayMutationRace(t *testing.T) {
 	wg.Wait()
 }
 
-// "-bin" metadata holds arbitrary bytes; through a Backend (JSON codec) the
-// replay's bytes differ from the original.
-func TestHostileGRPCBinaryHeaderThroughBackend(t *testing.T) {
+// "-bin" metadata holds arbitrary bytes: through a Backend (JSON codec) the
+// replay's bytes are the original's.
+func TestBinaryMetadataReplaysThroughABackend(t *testing.T) {
 	raw := string([]byte{0xff, 0x00, 0x80, 0x41})
 	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs("trace-bin", raw))
@@ -140,9 +141,9 @@ func first(v []string) string {
 	return v[0]
 }
 
-// A handler that returns (nil, nil) has run and succeeded: the key is
-// released and the retry runs it again.
-func TestHostileGRPCNilResponseRunsTwice(t *testing.T) {
+// A handler that returns (nil, nil) has run and succeeded: the retry must
+// not run it again.
+func TestNilResponseRunsOnce(t *testing.T) {
 	var runs atomic.Int32
 	conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) {
 		runs.Add(1) // the side effect
@@ -156,7 +157,7 @@ func TestHostileGRPCNilResponseRunsTwice(t *testing.T) {
 
 // Held keys: several key values, huge keys, scoping, client deadline
 // shorter than Wait, client retries with one key.
-func TestHostileGRPCHeld(t *testing.T) {
+func TestKeysAreCheckedScopedAndWaitedOnUntilTheDeadline(t *testing.T) {
 	var runs atomic.Int32
 	gate := make(chan struct{})
 	var gated atomic.Bool

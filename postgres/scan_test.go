@@ -161,7 +161,7 @@ func TestDecodeRowTakesBinaryRows(t *testing.T) {
 // them and where it does not, other integer widths for the state, other
 // text types, a large bytea. Wherever decodeRow takes a row, it reads what
 // rows.Scan reads; where it declines, scanRow's rows.Scan answers.
-func TestReviewDecodeRowAgreesWithScanOnOddRows(t *testing.T) {
+func TestDecodeRowAgreesWithScanOnOddRows(t *testing.T) {
 	pool := modePool(t, pgx.QueryExecModeCacheStatement)
 	ctx := context.Background()
 	// Another session zone than the process's: binary instants carry none.

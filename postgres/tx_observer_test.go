@@ -17,7 +17,7 @@ import (
 // A RunOnceTx that replays another process's committed outcome (fn does
 // not run) is reported to the Observer as "replayed", not as "executed"
 // with Executing +1/-1; a mismatch found in the table as "mismatch".
-func TestHostileRunOnceTxReplayCountedAsExecuted(t *testing.T) {
+func TestRunOnceTxReplayIsObservedAsReplayed(t *testing.T) {
 	dsn := svctest.Postgres(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)

@@ -27,7 +27,7 @@ import (
 // same connection, racing that ROLLBACK: if the SET won, the open
 // transaction (claim + fn's writes) would be COMMITTED. None of a failed
 // fn's writes is committed.
-func TestAttackTimeoutRaceCommitsFailedFn(t *testing.T) {
+func TestTimeoutRaceCommitsNothingOfAFailedFn(t *testing.T) {
 	for _, variant := range []string{"StatementOwnCtx", "WaitCtxDone"} {
 		t.Run(variant, func(t *testing.T) {
 			db := testDB(t)
@@ -66,7 +66,7 @@ func TestAttackTimeoutRaceCommitsFailedFn(t *testing.T) {
 // told the outcome committed, as it did. Asking b.db about the session
 // while the session still holds the pool's only connection could not be
 // answered; it would wait SettleTimeout and report "nothing was committed".
-func TestAttackLostCommitReplyPoolOfOne(t *testing.T) {
+func TestLostCommitReplyOnAPoolOfOneIsReportedCommitted(t *testing.T) {
 	direct := testDB(t)
 	_, table := testBackend(t, direct)
 	db, proxy := proxiedDB(t)
@@ -92,7 +92,7 @@ func TestAttackLostCommitReplyPoolOfOne(t *testing.T) {
 
 // fn panics / Goexits on a pool of one: the connection comes back with
 // autocommit on, and nothing of fn's is committed.
-func TestAttackPanicGoexitPoolOfOne(t *testing.T) {
+func TestPanicOrGoexitOnAPoolOfOneCommitsNothing(t *testing.T) {
 	db := testDB(t)
 	db.SetMaxOpenConns(1)
 	s, _, name := txFixture(t, db)
@@ -128,7 +128,7 @@ func TestAttackPanicGoexitPoolOfOne(t *testing.T) {
 // A duplicate RunOnceTx in another process (another *sql.DB, another
 // Store) waits > 1 s on the first's row lock: it keeps retrying 1205 and
 // then replays, fn once.
-func TestAttackDuplicateOtherProcessWaitsPastLockWait(t *testing.T) {
+func TestDuplicateInAnotherProcessWaitsPastLockWait(t *testing.T) {
 	for _, params := range [][]string{nil, {"interpolateParams=true"}} {
 		t.Run(strings.Join(append(params, "prepared"), ","), func(t *testing.T) {
 			db := testDB(t, params...)
@@ -181,7 +181,7 @@ func TestAttackDuplicateOtherProcessWaitsPastLockWait(t *testing.T) {
 // START TRANSACTION, then writes more and fails. The connection must be
 // discarded or come back with autocommit = 1 and no open transaction; a
 // pool of one makes the next statement meet it.
-func TestAttackFnEndsTxThenWrites(t *testing.T) {
+func TestFnEndingItsTxLeavesACleanConnection(t *testing.T) {
 	for _, stmt := range []string{"SET autocommit = 1", "START TRANSACTION", "SET autocommit = 0", "COMMIT"} {
 		t.Run(stmt, func(t *testing.T) {
 			db := testDB(t)

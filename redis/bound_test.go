@@ -158,7 +158,7 @@ func TestRefusedConnection(t *testing.T) {
 // goroutine with runtime.Goexit (a client hook that calls t.FailNow, say),
 // bound reports an error, never the zero answer (zero, nil) that a
 // deferred send would deliver: a call that did nothing is never done.
-func TestReviewBoundGoexitIsNotSuccess(t *testing.T) {
+func TestBoundGoexitIsNotSuccess(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
@@ -199,7 +199,7 @@ func (h *exitOnScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // with RetryInterrupted another store ran fn again). Now RunOnce answers
 // the success, and if the record is still pending the store holds the
 // outcome: the key replays it and fn never runs again.
-func TestReviewRedisGoexitInCompleteReportsRecorded(t *testing.T) {
+func TestGoexitInCompleteReportsRecorded(t *testing.T) {
 	rdb := testClient(t)
 	h := &exitOnScript{}
 	rdb.AddHook(h)

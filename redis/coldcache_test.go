@@ -62,7 +62,7 @@ func TestEveryCallOnAColdScriptCache(t *testing.T) {
 // cache (a restarted or failed-over server, SCRIPT FLUSH): Resume of a
 // lapsed claim, and Sweep deleting a legacy index. Each goes through run,
 // which must send the script whole on NOSCRIPT, never fail with it.
-func TestReviewResumeAndSweepOnAColdScriptCache(t *testing.T) {
+func TestResumeAndSweepOnAColdScriptCache(t *testing.T) {
 	rdb := testClient(t)
 	b := testBackend(t, rdb)
 	ctx := context.Background()

@@ -114,7 +114,7 @@ func TestRefuse(t *testing.T) {
 // Records written by the version before steps (bytes made by that
 // commit's MarshalBinary): still read, and a record without steps is
 // written back byte for byte as it was.
-func TestHostileOldVersion2RecordsStillRead(t *testing.T) {
+func TestVersion2RecordsStillRead(t *testing.T) {
 	for _, h := range []string{
 		"0202096f726465722d31303101020300000000000000000000000000000000000000000000000000000000001030313233343536373839616263646566187cbd3781f36d15187d0bcc13426d158000000000000000010d63617264206465636c696e6564087b226964223a377d",
 		"0201016b00000000000000000000000000000000000000000000000000000000000000000174187cbd377a97a0008000000000000000187cbd3e76bb4c00000000",
@@ -133,7 +133,7 @@ func TestHostileOldVersion2RecordsStillRead(t *testing.T) {
 // Damaged version-3 records (random byte flips, truncations, inserted
 // bytes): UnmarshalBinary never panics, and whatever it accepts
 // round-trips stably.
-func TestHostileStepsRecordMutations(t *testing.T) {
+func TestDamagedRecordsNeverPanicAndRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewSource(13))
 	base := Record{Key: "order-101", State: StatePending, Token: "tok", CreatedAt: time.Unix(0, 1764493200123456789),
 		LeaseUntil: time.Unix(0, 1764493230000000000), Steps: []Step{

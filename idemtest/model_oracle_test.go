@@ -30,7 +30,7 @@ func handWorld(t *testing.T) *world {
 // taken by A) that then fails grants a permit that lets B run while A
 // still owns the key. A backend whose Release ignored the token (X's
 // release deleting A's claim) double-executes and the model stays silent.
-func TestReview19ZombieFailurePermitsDoubleExecution(t *testing.T) {
+func TestJudgeFlagsARunAfterAZombieOwnersFailure(t *testing.T) {
 	h := newHistory()
 	key := "k"
 	x := h.startExec(1, key, 0, "p")
@@ -48,7 +48,7 @@ func TestReview19ZombieFailurePermitsDoubleExecution(t *testing.T) {
 // returned (model_calls.go do, "release"), key-wide, so the release of
 // any ticket (even one whose claim another owner has taken over) opens
 // the current owner's epoch.
-func TestReview19StaleReleasePermitsDoubleExecution(t *testing.T) {
+func TestJudgeFlagsARunAfterAStaleTicketsRelease(t *testing.T) {
 	h := newHistory()
 	key := "k"
 	x := h.startExec(1, key, 0, "p") // a Begin owner
@@ -68,7 +68,7 @@ func TestReview19StaleReleasePermitsDoubleExecution(t *testing.T) {
 // there is no lease for a clock step to lengthen, and a misbehaving
 // Observer (which sets troubled) leaves no claim to lapse: a key stuck in
 // flight forever passes. About half of all sequences have both flags.
-func TestReview19ClockHeldExcusesStuckKeyInMemoryOnly(t *testing.T) {
+func TestCheckRefusesInProgressOnAFreeKeyInMemoryOnly(t *testing.T) {
 	w := handWorld(t)
 	w.troubled.Store(true)    // actMisbehave, long ago, healed
 	w.steppedBack.Store(true) // actClock -2h, perhaps stepped forward again since
@@ -85,7 +85,7 @@ func TestReview19ClockHeldExcusesStuckKeyInMemoryOnly(t *testing.T) {
 // library, as the Span bug this change fixes was) once any execution of
 // the key panicked or any misbehaviour was planned, which actMisbehave
 // marks for every key.
-func TestReview19LibraryPanicExcused(t *testing.T) {
+func TestCheckRefusesALibraryPanic(t *testing.T) {
 	w := handWorld(t)
 	w.flag(w.panicked, w.key(0)) // an earlier execution of the key panicked, as drawn
 	c := &modelCall{ms: w.stores[0], via: "RunOnce", key: w.key(0), payload: "p", timeout: modelCallCtx,
@@ -100,7 +100,7 @@ func TestReview19LibraryPanicExcused(t *testing.T) {
 // across epochs: after Forget and a new execution, a replay of the
 // forgotten outcome (a stale cache entry, a Forget that missed memory)
 // passes.
-func TestReview19StaleReplayAfterForget(t *testing.T) {
+func TestCheckRefusesAReplayOfAForgottenOutcome(t *testing.T) {
 	w := handWorld(t)
 	key := w.key(0)
 	e1 := w.hist.startExec(1, key, 0, "p")
@@ -119,7 +119,7 @@ func TestReview19StaleReplayAfterForget(t *testing.T) {
 // mayInterrupt is set for every key by any fault, misbehaviour or clock
 // step, and cleared only by a successful Forget: after one heal and a
 // fresh successful execution, ErrOutcomeUnknown is still accepted.
-func TestReview19OutcomeUnknownAcceptedForever(t *testing.T) {
+func TestCheckRefusesOutcomeUnknownAfterAHeal(t *testing.T) {
 	w := handWorld(t)
 	key := w.key(0)
 	w.disturbAll() // an Observer misbehaved once, long ago
@@ -135,7 +135,7 @@ func TestReview19OutcomeUnknownAcceptedForever(t *testing.T) {
 
 // Under -race: async starts the call's goroutine, whose do() reads
 // w.pending in busy(), and then appends to w.pending, unsynchronised.
-func TestReview19RaceAsyncPending(t *testing.T) {
+func TestAsyncTracksPendingCallsWithoutARace(t *testing.T) {
 	w := handWorld(t)
 	for i := 0; i < 4; i++ {
 		w.async(&modelCall{ms: w.stores[0], via: "RunOnce", key: w.key(i % 2), payload: "p", p: plan{end: "ok"}, timeout: modelCallCtx})
@@ -148,7 +148,7 @@ func TestReview19RaceAsyncPending(t *testing.T) {
 // Under -race: RunOnce returns at its ctx while its fn still runs on the
 // store's goroutine, which writes c.ran; the driver then reads c.ran (in
 // sync's note and in check) with no synchronisation.
-func TestReview19RaceCallRan(t *testing.T) {
+func TestCallRanIsReadWithoutARace(t *testing.T) {
 	w := handWorld(t)
 	c := &modelCall{ms: w.stores[0], via: "RunOnce", key: w.key(0), payload: "p", p: plan{end: "block"}, timeout: 50 * time.Millisecond}
 	done := make(chan struct{})
@@ -172,7 +172,7 @@ func TestReview19RaceCallRan(t *testing.T) {
 // believes owns the key runs, with the permit recorded after, so that
 // another store's execution that starts in between is judged a double
 // execution (false positive), and busy() has no hold yet.
-func TestReview19DroppedTicketCollectedDuringWork(t *testing.T) {
+func TestDriverKeepsADroppedTicketUntilItsWorkEnds(t *testing.T) {
 	w := handWorld(t)
 	key := w.key(0)
 	c := &modelCall{ms: w.stores[0], via: "Begin/drop", key: key, payload: "p", p: plan{end: "block"}, timeout: modelCallCtx}

@@ -260,9 +260,16 @@ func decoded(resp Response) Response {
 // replay answers r with resp, marked as a replay, in a content coding r
 // accepts (see above).
 func (g *Guard) replay(w http.ResponseWriter, r *http.Request, resp Response, lk logKey) {
-	codings, err := undoCodings(r.Header, &resp)
+	g.replayTo(w, r.Header, func() *http.Request { return r }, resp, lk)
+}
+
+// replayTo is replay for a request with header h, made by req only when it
+// must be answered otherwise (the refusals below), so that a replay made
+// straight to the client costs no copy of the request.
+func (g *Guard) replayTo(w http.ResponseWriter, h http.Header, req func() *http.Request, resp Response, lk logKey) {
+	codings, err := undoCodings(h, &resp)
 	if err != nil {
-		g.fail(w, r, http.StatusNotAcceptable, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept; retry with the same key, accepting it.", 0, err)
+		g.fail(w, req(), http.StatusNotAcceptable, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept; retry with the same key, accepting it.", 0, err)
 		return
 	}
 	if codings == nil {
@@ -277,12 +284,12 @@ func (g *Guard) replay(w http.ResponseWriter, r *http.Request, resp Response, lk
 	if errors.Is(err, errTooLarge) {
 		// A client can cause this at will: Debug, never a log flood.
 		g.opts.Logger.Debug("idemhttp: a stored response is too large decoded for a retry that does not accept its content coding", lk.with("err", err)...)
-		g.fail(w, r, http.StatusNotAcceptable, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept, and decoded it is too large to send; retry with the same key, accepting it.", 0, err)
+		g.fail(w, req(), http.StatusNotAcceptable, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept, and decoded it is too large to send; retry with the same key, accepting it.", 0, err)
 		return
 	}
 	if err != nil {
 		g.opts.Logger.Error("idemhttp: a stored response does not decode for a retry that does not accept its content coding", lk.with("err", err)...)
-		g.fail(w, r, http.StatusInternalServerError, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept, and could not be decoded; retry with the same key, accepting it.", 0, err)
+		g.fail(w, req(), http.StatusInternalServerError, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept, and could not be decoded; retry with the same key, accepting it.", 0, err)
 		return
 	}
 	resp = decoded(resp)

@@ -21,7 +21,11 @@ import (
 // It is the middleware's default Options.Fingerprint.
 func RequestFingerprint(r *http.Request, body []byte) (idem.Fingerprint, error) {
 	h := sha256.New()
-	for _, part := range []string{r.Method, r.URL.EscapedPath(), r.URL.Query().Encode()} {
+	query := ""
+	if r.URL.RawQuery != "" { // an empty one encodes as "": spare parsing it into a map
+		query = r.URL.Query().Encode()
+	}
+	for _, part := range []string{r.Method, r.URL.EscapedPath(), query} {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}

@@ -190,6 +190,10 @@ type Guard struct {
 	quota   *limit.Quota   // new keys per scope
 	waiters *limit.Waiters // requests held per key
 
+	// defaultFP: Fingerprint is RequestFingerprint, which reads neither
+	// the request's body nor its context, so it needs no copy of its own.
+	defaultFP bool
+
 	emptyScopeSeen atomic.Bool // the first empty scope is logged at Error, the rest at Debug
 }
 
@@ -239,7 +243,7 @@ func NewGuard(store *idem.Store[Response], opts Options) *Guard {
 		g.methods[m] = true
 	}
 	if g.opts.Fingerprint == nil {
-		g.opts.Fingerprint = RequestFingerprint
+		g.opts.Fingerprint, g.defaultFP = RequestFingerprint, true
 	}
 	if g.opts.Wait <= 0 {
 		g.opts.Wait = defaultWait
@@ -309,7 +313,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		g.fail(w, r, http.StatusBadRequest, "Malformed Idempotency-Key: "+err.Error(), 0, err)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxRequestBody))
+	body, err := readBody(http.MaxBytesReader(w, r.Body, g.opts.MaxRequestBody), r.ContentLength, g.opts.MaxRequestBody)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -323,18 +327,19 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	// read, under a context the client cannot cancel; Fingerprint gets one
 	// of its own, so reading the body there leaves the handler's whole.
 	ctx := context.WithoutCancel(r.Context())
-	fpReq := r.WithContext(ctx)
-	fpReq.Body = io.NopCloser(bytes.NewReader(body))
-	fp, err := g.opts.Fingerprint(fpReq, body)
+	var fp idem.Fingerprint
+	if g.defaultFP {
+		fp, err = RequestFingerprint(r, body)
+	} else {
+		fp, err = g.opts.Fingerprint(withBody(r, ctx, body), body)
+	}
 	if err != nil {
 		g.fail(w, r, http.StatusBadRequest, err.Error(), 0, err)
 		return
 	}
 	scope := ""
 	if g.opts.Scope != nil {
-		sr := r.WithContext(r.Context())
-		sr.Body = io.NopCloser(bytes.NewReader(body))
-		if scope, err = g.opts.Scope(sr); err == nil && scope == "" {
+		if scope, err = g.opts.Scope(withBody(r, r.Context(), body)); err == nil && scope == "" {
 			err = errEmptyScope
 			if !g.emptyScopeSeen.Swap(true) {
 				// A server bug, not the client's: said loudly once, then
@@ -358,9 +363,9 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	// A duplicate waits at most opts.Wait, for a request in flight here or
 	// on another instance; if this request claims the key, its handler runs
 	// right here, writing straight to the client, under a context the
-	// client cannot cancel.
-	req := r.WithContext(ctx)
-	req.Body = io.NopCloser(bytes.NewReader(body))
+	// client cannot cancel. The request given to the handler is made only
+	// where one runs or answers: a first request's handler gets its own
+	// under the execution's context.
 	storeKey := StoreKey(scope, key) // unscoped: the empty scope, which Scope never gives
 	lk := logKey{g, scope, key}
 	if !g.waiters.Enter(storeKey) {
@@ -370,7 +375,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	}
 	defer g.waiters.Leave(storeKey)
 	if g.opts.InTx != nil {
-		g.serveTx(w, r, req, next, storeKey, fp, scope, lk)
+		g.serveTx(w, r, withBody(r, ctx, body), next, storeKey, fp, scope, lk)
 		return
 	}
 	// The wait ends with the client: a duplicate whose client hung up holds
@@ -389,7 +394,11 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		if err == nil {
 			resp, err = t.Result()
 		}
-		g.answer(w, req, next, resp, err, scope, lk)
+		if err == nil { // a replay: no copy of the request unless it is refused
+			g.replayTo(w, r.Header, func() *http.Request { return withBody(r, ctx, body) }, resp, lk)
+			return
+		}
+		g.answer(w, withBody(r, ctx, body), next, resp, err, scope, lk)
 		return
 	}
 	// Counted only for a key this request claimed, so that replays and
@@ -399,7 +408,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	quota, withinQuota := g.quota.Reserve(scope)
 	if !withinQuota {
 		_, err = t.Finish(Response{}, errOverQuota)
-		g.answer(w, req, next, Response{}, err, scope, lk)
+		g.answer(w, withBody(r, ctx, body), next, Response{}, err, scope, lk)
 		return
 	}
 	kept := false
@@ -408,11 +417,16 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			quota.Cancel()
 		}
 	}()
-	before := w.Header().Clone() // to undo what a handler that panics set
+	// The headers outer middleware set, to undo what a handler that panics
+	// set; none (nil) when there are none, which spares the copy.
+	var before http.Header
+	if h := w.Header(); len(h) > 0 {
+		before = h.Clone()
+	}
 	rec := newRecorder(w, g.headers, g.opts.MaxStoredBody)
 	rec.before = before
 	_, err = t.Do(func(ctx context.Context) (Response, error) {
-		next.ServeHTTP(rec, req.WithContext(ctx))
+		next.ServeHTTP(rec, withBody(r, ctx, body))
 		resp, ok := rec.response()
 		if !ok {
 			return resp, &notStored{resp, rec.complete()}
@@ -420,15 +434,55 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		return resp, nil
 	})
 	kept = err == nil
-	g.afterRun(w, req, before, rec.resp.Status != 0 || rec.hijacked, err, lk)
+	if err != nil {
+		g.afterRun(w, withBody(r, ctx, body), before, rec.resp.Status != 0 || rec.hijacked, err, lk)
+	}
+}
+
+// withBody returns a copy of r under ctx whose body reads body from the
+// start.
+func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
+	c := r.WithContext(ctx)
+	c.Body = &bodyReader{Reader: bytes.NewReader(body)}
+	return c
+}
+
+// bodyReader is io.NopCloser(bytes.NewReader(body)) in one allocation
+// fewer; it keeps bytes.Reader's WriteTo, as NopCloser does.
+type bodyReader struct{ *bytes.Reader }
+
+func (bodyReader) Close() error { return nil }
+
+// readBody is io.ReadAll sized for a body whose length is declared (size
+// at most limit), so that it is read into one buffer rather than grown.
+func readBody(r io.Reader, size, limit int64) ([]byte, error) {
+	if size < 0 || size > limit {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, 0, size+1) // one more, to see the end without growing
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF { //nolint:errorlint // io.Reader's contract: EOF itself
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // longer than declared: grow as ReadAll does
+		}
+	}
 }
 
 // afterRun finishes a request whose handler ran here and has written its
 // response, or started to, or took the connection over (written).
 func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Header, written bool, err error, lk logKey) {
-	var pe *idem.PanicError
+	if err == nil {
+		return
+	}
+	var pe *idem.PanicError // declared past the common path: it escapes, an allocation
 	switch {
-	case err == nil:
 	case errors.As(err, &pe):
 		if errors.Is(pe, http.ErrAbortHandler) {
 			panic(http.ErrAbortHandler) // the handler asked to abort the response
@@ -457,11 +511,13 @@ func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Hea
 // answer responds to a request whose handler did not run here: a replay, or
 // why there is none.
 func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handler, resp Response, err error, scope string, lk logKey) {
-	var ns *notStored
+	if err == nil {
+		g.replay(w, req, resp, lk)
+		return
+	}
+	var ns *notStored // declared past the replay: they escape, allocations
 	var pe *idem.PanicError
 	switch {
-	case err == nil:
-		g.replay(w, req, resp, lk)
 	case errors.As(err, &ns) && ns.complete:
 		g.replay(w, req, ns.resp, lk) // the shared execution's outcome, not kept for later
 	case errors.As(err, &ns):

@@ -58,7 +58,7 @@ func shellWords(t *testing.T, line string) []string {
 
 // The next commands that show suggests must work when pasted into a shell,
 // whatever the key.
-func TestHostileSuggestedCommandsRun(t *testing.T) {
+func TestSuggestedCommandsRunWhenPasted(t *testing.T) {
 	for _, key := range []string{"a b'c\"$HOME", "-k", "-json", "--", "-name=x"} {
 		t.Run(key, func(t *testing.T) {
 			path := interruptedFile(t, key)
@@ -84,7 +84,7 @@ func TestHostileSuggestedCommandsRun(t *testing.T) {
 func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
 
 // `--` ends the flags for one argument only.
-func TestHostileDoubleDash(t *testing.T) {
+func TestDoubleDashEndsFlagsForOneArgument(t *testing.T) {
 	path := interruptedFile(t, "-k")
 	code, _, errs := runCLI("--", "show", path, "-k")
 	t.Logf("idem -- show FILE -k: %d %s", code, firstLine(errs))
@@ -94,7 +94,7 @@ func TestHostileDoubleDash(t *testing.T) {
 }
 
 // Exit codes.
-func TestHostileExitCodes(t *testing.T) {
+func TestExitCodes(t *testing.T) {
 	path := interruptedFile(t, "m3")
 	for _, tc := range []struct {
 		args []string
@@ -121,7 +121,7 @@ func TestHostileExitCodes(t *testing.T) {
 }
 
 // A read-only command on a file a service holds: fails fast, names the cause.
-func TestHostileBoltHeld(t *testing.T) {
+func TestReadOnlyCommandOnAHeldBoltFileFailsFast(t *testing.T) {
 	path := interruptedFile(t, "m3")
 	b, err := bolt.Open(path, nil)
 	if err != nil {
@@ -157,7 +157,7 @@ func hang(t *testing.T) string {
 }
 
 // -timeout bounds a hanging server, and no password is printed.
-func TestHostileHangingServersAndPasswords(t *testing.T) {
+func TestTimeoutBoundsHangingServersAndHidesPasswords(t *testing.T) {
 	addr := hang(t)
 	for _, where := range []string{
 		"postgres://u:hunter2@" + addr + "/db",
@@ -181,7 +181,7 @@ func TestHostileHangingServersAndPasswords(t *testing.T) {
 // resolve judges the lease by the shared backend's clock, not the
 // operator's host clock: with a clock ahead of the server's, it does not
 // resolve a key whose owner is alive and holds a live lease.
-func TestHostileResolveLiveKeyUnderSkew(t *testing.T) {
+func TestResolveJudgesLeasesByTheServersClock(t *testing.T) {
 	dsn := svctest.Postgres(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)

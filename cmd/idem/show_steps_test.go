@@ -18,7 +18,7 @@ import (
 // and a final error with terminal escapes: text output quotes everything
 // (no raw control bytes reach the terminal), and -json gives the value as
 // hex.
-func TestHostileShowBinarySteps(t *testing.T) {
+func TestShowQuotesBinarySteps(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "steps.bolt")
 	b, err := bolt.Open(path, nil)

@@ -25,7 +25,7 @@ type goexitCodec struct{ idem.JSONCodec }
 
 func (goexitCodec) Marshal(v any) ([]byte, error) { runtime.Goexit(); return nil, nil }
 
-func TestH21CodecGoexitSpans(t *testing.T) {
+func TestCodecGoexitEndsEverySpan(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	obs, err := idemotel.NewObserver(idemotel.Options{TracerProvider: tp, MeterProvider: sdkmetric.NewMeterProvider()})
@@ -58,7 +58,7 @@ func TestH21CodecGoexitSpans(t *testing.T) {
 }
 
 // Observer.Call Goexits: execute span and executing gauge must still end.
-func TestH21CallGoexit(t *testing.T) {
+func TestCallGoexitEndsSpansAndExecuting(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	obs, _ := idemotel.NewObserver(idemotel.Options{TracerProvider: tp, MeterProvider: sdkmetric.NewMeterProvider()})

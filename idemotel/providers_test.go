@@ -23,7 +23,7 @@ type funcMP struct {
 // takes it without a panic.
 type wrapMP struct{ metric.MeterProvider }
 
-func TestH21WrappedNonComparableProviderPanics(t *testing.T) {
+func TestNewObserverTakesNonComparableProviders(t *testing.T) {
 	_, err := idemotel.NewObserver(idemotel.Options{MeterProvider: funcMP{hook: func() {}}})
 	assert.NoError(t, err)
 	assert.NotPanics(t, func() {
@@ -34,7 +34,7 @@ func TestH21WrappedNonComparableProviderPanics(t *testing.T) {
 // An Observer made without providers (the global ones, no-op unless set)
 // answers every call, an out-of-range Outcome among them, and a span's end
 // may be called twice.
-func TestHostileNilProviders(t *testing.T) {
+func TestObserverWithoutProvidersAnswersEveryCall(t *testing.T) {
 	obs, err := idemotel.NewObserver(idemotel.Options{})
 	if err != nil {
 		t.Fatal(err)

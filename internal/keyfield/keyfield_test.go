@@ -16,7 +16,7 @@ import (
 // hold: a key that must be quoted and is not ASCII was encoded into a
 // value that Parse refused (sf-strings are ASCII), so WithKey sent a key
 // the server answered 400 for.
-func TestReviewEveryValidKeyRoundTrips(t *testing.T) {
+func TestEveryValidKeyRoundTrips(t *testing.T) {
 	keys := []string{
 		"a,b", `"`, `""`, `\`, `\"`, `a"b`, " x", "x ", " ", "a, b",
 		"café,1", `"ü`, " ü", "ü ", "ü", "\u00a0x", "a\u2028b", "注文,7", "😀,",
@@ -47,7 +47,7 @@ func TestReviewEveryValidKeyRoundTrips(t *testing.T) {
 // What quoting accepts beyond ASCII is still checked as a key: a quoted
 // value is no way past idem.CheckKey (control characters, C1 controls,
 // bytes that are not UTF-8).
-func TestReviewQuotedValuesAreCheckedAsKeys(t *testing.T) {
+func TestQuotedValuesAreCheckedAsKeys(t *testing.T) {
 	for _, v := range []string{
 		"\"a\x01\"", "\"a\x7f\"", "\"a\u0085\"", "\"a\xff\"", "\"a\xc3\"", `""`, `"a`, `"a"b"`, `"\a"`, `"a";p=1`,
 		`"` + strings.Repeat("é", idem.MaxKeyLen/2+1) + `"`,

@@ -30,9 +30,9 @@ const (
 	childModeEnv = "IDEM_HOSTILE_MODE" // rw, ro, skip, clean
 )
 
-// TestHostileChild is the child: it opens the file and uses it, printing
+// TestDamagedFileChild is the child: it opens the file and uses it, printing
 // each result. It does nothing unless the parent set childPathEnv.
-func TestHostileChild(t *testing.T) {
+func TestDamagedFileChild(t *testing.T) {
 	path := os.Getenv(childPathEnv)
 	if path == "" {
 		t.Skip("child only")
@@ -103,14 +103,14 @@ func (r childResult) String() string {
 	return fmt.Sprintf("hung=%v exit=%v elapsed=%v size=%d\nstdout:\n%s\nstderr:\n%s", r.hung, r.err, r.elapsed.Round(time.Millisecond), r.size, r.stdout, se)
 }
 
-// runChild runs TestHostileChild over path, killing it after 60 s: a
+// runChild runs TestDamagedFileChild over path, killing it after 60 s: a
 // -race child among parallel tests on a loaded machine is slow, and only
 // a hang should fail.
 func runChild(t *testing.T, path, mode string) childResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHostileChild$")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestDamagedFileChild$")
 	// Under -race a binary sleeps a second as it exits (atexit_sleep_ms),
 	// which over some 400 children was most of this package's run; a
 	// child's worth is what it does to the file, not races at exit.
@@ -252,7 +252,7 @@ func branchRoot(t *testing.T) (string, []byte, int) {
 // --- damaged files ------------------------------------------------------
 
 // A branch page whose first child is itself: the tree is a cycle.
-func TestHostileBranchCycle(t *testing.T) {
+func TestSurvivesBranchCycle(t *testing.T) {
 	_, data, root := branchRoot(t)
 	off := root*4096 + pageHeaderSize
 	le.PutUint64(data[off+8:], uint64(root)) // branch element: pos, ksize, pgid
@@ -261,7 +261,7 @@ func TestHostileBranchCycle(t *testing.T) {
 
 // A branch element whose key claims 2 GB: no leaf holds it, so the walk
 // never sees it, but a write copies the branch.
-func TestHostileBranchKeySize(t *testing.T) {
+func TestSurvivesBranchKeySize(t *testing.T) {
 	_, data, root := branchRoot(t)
 	off := root*4096 + pageHeaderSize
 	count := int(le.Uint16(data[root*4096+10:]))
@@ -271,7 +271,7 @@ func TestHostileBranchKeySize(t *testing.T) {
 
 // A leaf page of idem.records whose overflow claims 4 billion pages: the walk
 // never looks at it, and freeing the page on a write walks every one.
-func TestHostileLeafOverflow(t *testing.T) {
+func TestSurvivesLeafOverflow(t *testing.T) {
 	_, data, root := branchRoot(t)
 	kids := children(data, root)
 	last := kids[len(kids)-1] // the live records leaf that holds key-199, where "new-1" goes
@@ -282,7 +282,7 @@ func TestHostileLeafOverflow(t *testing.T) {
 
 // A freelist page whose 64-bit count (count 0xFFFF) claims 2^36 ids: bbolt
 // allocates a slice of that length before anything else.
-func TestHostileFreelistHugeCount(t *testing.T) {
+func TestSurvivesFreelistHugeCount(t *testing.T) {
 	path := recordsFile(t)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -297,7 +297,7 @@ func TestHostileFreelistHugeCount(t *testing.T) {
 // reports "reachable page also in freelist"; the walk does not, and the
 // next write reuses the page: completed records vanish, and a completed
 // key can be claimed and run again.
-func TestHostileFreelistHoldsLivePage(t *testing.T) {
+func TestSurvivesFreelistHoldingALivePage(t *testing.T) {
 	path, data, root := branchRoot(t)
 	leaf := children(data, root)[0] // the live leaf holding key-000...
 	require.Equal(t, "key-000", leafKey(data, leaf, 0))
@@ -346,7 +346,7 @@ func TestHostileFreelistHoldsLivePage(t *testing.T) {
 
 // A meta page (checksum fixed) whose high-water mark is below the pages in
 // use: new pages are allocated over live ones.
-func TestHostileMetaLowHighWater(t *testing.T) {
+func TestSurvivesMetaLowHighWater(t *testing.T) {
 	_, data, root := branchRoot(t)
 	setMeta(data, 40, uint64(root+1)) // pgid: just past the records root
 	// freelist must be below pgid to pass checkFile; root too.
@@ -399,7 +399,7 @@ func leafKey(data []byte, id, i int) string {
 
 // A valid bbolt file (another application's) with a nested bucket whose
 // root is the page that holds it: walk recurses without end.
-func TestHostileNestedBucketCycle(t *testing.T) {
+func TestSurvivesNestedBucketCycle(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "foreign.db")
 	db, err := bbolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
@@ -431,7 +431,7 @@ func TestHostileNestedBucketCycle(t *testing.T) {
 }
 
 // Valid bbolt files whose idem buckets hold a nested bucket.
-func TestHostileNestedBucketInIdemBuckets(t *testing.T) {
+func TestSurvivesNestedBucketInIdemBuckets(t *testing.T) {
 	for _, bucket := range []string{"idem.records", "idem.pending", "idem.expiry", "idem.meta"} {
 		t.Run(bucket, func(t *testing.T) {
 			path := recordsFile(t)
@@ -454,7 +454,7 @@ func TestHostileNestedBucketInIdemBuckets(t *testing.T) {
 }
 
 // Truncation at every page boundary, and half-way into every page.
-func TestHostileTruncation(t *testing.T) {
+func TestSurvivesTruncation(t *testing.T) {
 	path := recordsFile(t)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -468,7 +468,7 @@ func TestHostileTruncation(t *testing.T) {
 
 // Every page's header and first elements, each field set to extreme
 // values, one at a time.
-func TestHostileFieldSweep(t *testing.T) {
+func TestSurvivesExtremePageFields(t *testing.T) {
 	path := recordsFile(t)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -523,7 +523,7 @@ func TestHostileFieldSweep(t *testing.T) {
 }
 
 // Checksum-valid meta pages with extreme fields.
-func TestHostileMetaFields(t *testing.T) {
+func TestSurvivesExtremeMetaFields(t *testing.T) {
 	path := recordsFile(t)
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -559,7 +559,7 @@ func TestHostileMetaFields(t *testing.T) {
 
 // Leaf elements of idem.expiry / idem.pending / idem.records with huge
 // key sizes.
-func TestHostileHugeKeySizes(t *testing.T) {
+func TestSurvivesHugeKeySizes(t *testing.T) {
 	for _, bucket := range []string{"idem.records", "idem.expiry", "idem.meta"} {
 		for _, v := range []uint32{0x7f000000, 1 << 20, 40000} {
 			t.Run(fmt.Sprintf("%s-%#x", bucket, v), func(t *testing.T) {

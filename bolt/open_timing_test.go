@@ -12,10 +12,10 @@ import (
 	bbolt "go.etcd.io/bbolt"
 )
 
-// TestHostileOpenTiming measures Open with and without the whole-file check on an
+// TestOpenTimingWithWholeFileCheck measures Open with and without the whole-file check on an
 // ~80 MB idem file (1 KB values), and on one with 256 KB values, whose
 // overflow pages the walk never reads.
-func TestHostileOpenTiming(t *testing.T) {
+func TestOpenTimingWithWholeFileCheck(t *testing.T) {
 	if os.Getenv("IDEM_HOSTILE_TIMING") == "" {
 		t.Skip("set IDEM_HOSTILE_TIMING=1")
 	}

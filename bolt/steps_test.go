@@ -17,7 +17,7 @@ import (
 // success could never be recorded: the key would stay pending
 // (NotRecordedError), and after a restart every resume would replay the
 // steps and fail the same way, whatever the caller did.
-func TestHostileStepsPushCompleteOverMaxRecordSize(t *testing.T) {
+func TestStepsOverMaxRecordSizeStillComplete(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes ~64 MiB")
 	}

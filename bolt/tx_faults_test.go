@@ -21,7 +21,7 @@ import (
 
 // As in package sqlite's test: fn calls runtime.Goexit while the caller's
 // ctx can end but has not.
-func TestHostileBoltGoexitWithCancellableCtx(t *testing.T) {
+func TestGoexitInFnWithCancellableCtxAnswersTheCaller(t *testing.T) {
 	b, _ := openTemp(t, nil)
 	s := idem.New[int](idem.Options{Backend: b})
 	defer s.Close()
@@ -53,7 +53,7 @@ func TestHostileBoltGoexitWithCancellableCtx(t *testing.T) {
 // leaves the key free; a plain RunOnce, whose fn has run, answers its
 // result and keeps the key claimed (its Observer is told the outcome was
 // not recorded). The file opens again either way.
-func TestHostileBoltHugeResultIsRefused(t *testing.T) {
+func TestHugeResultIsRefused(t *testing.T) {
 	huge := strings.Repeat("x", MaxRecordSize+1)
 	for _, mode := range []string{"RunOnceTx", "RunOnce"} {
 		t.Run(mode, func(t *testing.T) {
@@ -93,7 +93,7 @@ func TestHostileBoltHugeResultIsRefused(t *testing.T) {
 // A final error whose result the Codec cannot encode is not recorded, and
 // the caller's error says so without claiming to be final: the key is
 // free, and the next call runs fn again.
-func TestHostileBoltFinalNotCommittedIsNotFinal(t *testing.T) {
+func TestUnrecordedFinalErrorIsNotFinal(t *testing.T) {
 	b, _ := openTemp(t, nil)
 	s := idem.New[float64](idem.Options{Backend: b})
 	defer s.Close()
@@ -111,7 +111,7 @@ func TestHostileBoltFinalNotCommittedIsNotFinal(t *testing.T) {
 // the other, on one key, both ways round: fn runs once, and the second
 // caller gets the first's result (or ErrInProgress, documented, for a
 // RunOnceTx that meets a plain RunOnce in flight).
-func TestHostileBoltTwoStoresPlainAndTx(t *testing.T) {
+func TestPlainAndTxStoresOnOneKeyRunFnOnce(t *testing.T) {
 	b, _ := openTemp(t, nil)
 	require.NoError(t, b.Update(context.Background(), func(tx *bbolt.Tx) error {
 		_, err := tx.CreateBucket(moves)
@@ -183,7 +183,7 @@ func TestHostileBoltTwoStoresPlainAndTx(t *testing.T) {
 // failure rolls the whole transaction back, and the ops before it commit
 // in a transaction of their own, so a succeeding fn runs at most twice
 // (it was once per failure after it: quadratic).
-func TestHostileBoltGroupRetryRunsEachFnAtMostTwice(t *testing.T) {
+func TestGroupRetryRunsEachFnAtMostTwice(t *testing.T) {
 	b, _ := openTemp(t, nil)
 	require.NoError(t, b.Update(context.Background(), func(tx *bbolt.Tx) error {
 		_, err := tx.CreateBucket(moves)
@@ -227,7 +227,7 @@ func TestHostileBoltGroupRetryRunsEachFnAtMostTwice(t *testing.T) {
 // A read-only Backend that was closed answers
 // every call with ErrClosed, as Close's doc says, not "read-only" for the
 // writes and ErrClosed for the reads.
-func TestHostileBoltReadOnlyClosedSaysClosed(t *testing.T) {
+func TestClosedReadOnlyBackendSaysClosed(t *testing.T) {
 	b, path := openTemp(t, nil)
 	require.NoError(t, b.Close())
 	ro, err := Open(path, &Options{ReadOnly: true})

@@ -33,7 +33,7 @@ func atRecoveryPoint(t *testing.T, s *idem.Store[string], key string) {
 // ordinary error resumes at once. A "lapse the lease now" renewal to 1ns
 // would never lapse on that clock, and the retry would wait for a key
 // nobody holds until its ctx ended.
-func TestHostileSqliteResumeAfterErrorWithFakeClock(t *testing.T) {
+func TestResumeAfterErrorWithFakeClockIsImmediate(t *testing.T) {
 	b, _ := testBackend(t)
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	s := idem.New[string](idem.Options{Backend: b, Resume: true, Now: clock.Now})
@@ -52,7 +52,7 @@ func TestHostileSqliteResumeAfterErrorWithFakeClock(t *testing.T) {
 // Two processes' worth of stores (two *sql.DB over one file), four callers
 // each, resume one key at once: one resume, the recorded step never again,
 // the next step once, one outcome for all.
-func TestHostileSqliteTwoHandlesResumeAtOnce(t *testing.T) {
+func TestTwoHandlesResumingAtOnceRunEachStepOnce(t *testing.T) {
 	db1, path := openTemp(t)
 	db2, err := Open(path)
 	require.NoError(t, err)
@@ -105,7 +105,7 @@ func TestHostileSqliteTwoHandlesResumeAtOnce(t *testing.T) {
 
 // Concurrent steps of one fn with distinct names: every one recorded (the
 // read-modify-write of the steps column loses none).
-func TestHostileSqliteConcurrentStepsAllRecorded(t *testing.T) {
+func TestConcurrentStepsAreAllRecorded(t *testing.T) {
 	b, _ := testBackend(t)
 	s := idem.New[string](idem.Options{Backend: b, Resume: true})
 	defer s.Close()
@@ -135,7 +135,7 @@ func TestHostileSqliteConcurrentStepsAllRecorded(t *testing.T) {
 
 // README: steps go with the record when its outcome expires: a completed
 // key with a step, taken over after its TTL, runs the step afresh.
-func TestHostileSqliteStepsGoWithExpiry(t *testing.T) {
+func TestStepsGoWithExpiry(t *testing.T) {
 	b, _ := testBackend(t)
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	s := idem.New[string](idem.Options{Backend: b, Resume: true, Now: clock.Now, TTL: time.Hour, SweepInterval: -1})

@@ -52,7 +52,7 @@ func returnsWithin(done <-chan struct{}, d time.Duration) bool {
 // With a ctx that can end, txrun.Do runs the work on a goroutine of its
 // own, which the Goexit ends: the outcome is still sent, from a deferred
 // call.
-func TestHostileSQLiteGoexitWithCancellableCtx(t *testing.T) {
+func TestGoexitInFnWithCancellableCtxAnswersTheCaller(t *testing.T) {
 	s, _, rows := movesStore(t, idem.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -76,7 +76,7 @@ func TestHostileSQLiteGoexitWithCancellableCtx(t *testing.T) {
 // A *sql.DB limited to one connection, as many SQLite programs set it
 // (db.SetMaxOpenConns(1)): no statement is prepared on the pool while a
 // transaction holds its only connection (New prepares them all).
-func TestHostileSQLiteMaxOpenConnsOne(t *testing.T) {
+func TestRunOnceTxWorksWithOneOpenConnection(t *testing.T) {
 	for _, mode := range []string{"RunOnce", "RunOnceTx"} {
 		t.Run(mode, func(t *testing.T) {
 			db, _ := openTemp(t)
@@ -113,7 +113,7 @@ func TestHostileSQLiteMaxOpenConnsOne(t *testing.T) {
 // here handles the rejection the way a stock service would (it notes the
 // rejection and answers it): the commit guard turns those commits into
 // rollbacks, so nothing lands and the key stays free.
-func TestHostileSQLiteAutoRollbackInFnCommitsNothing(t *testing.T) {
+func TestAutoRollbackInFnCommitsNothing(t *testing.T) {
 	for _, final := range []bool{false, true} {
 		t.Run(fmt.Sprintf("final=%v", final), func(t *testing.T) {
 			s, b, rows := movesStore(t, idem.Options{})
@@ -153,7 +153,7 @@ BEGIN SELECT RAISE(ROLLBACK, 'out of stock'); END`)
 // A Store call from inside RunOnceTx's fn, with fn's ctx, would wait for
 // the write semaphore that RunOnceTx holds until fn returns: it is refused
 // (backend.ErrRefused), as bolt refuses it.
-func TestHostileSQLiteNestedCallInsideRunOnceTx(t *testing.T) {
+func TestNestedCallInsideRunOnceTxIsRefused(t *testing.T) {
 	s, _, _ := movesStore(t, idem.Options{ExecutionTimeout: 2 * time.Second})
 	var inner error
 	start := time.Now()
@@ -170,7 +170,7 @@ func TestHostileSQLiteNestedCallInsideRunOnceTx(t *testing.T) {
 // an Exec (per connection in SQLite) passes the check, and the pool's other
 // connections have none: a write that meets another process's lock is
 // tried again until the lock is free, not failed at once.
-func TestHostileSQLiteBusyTimeoutOnOneConnection(t *testing.T) {
+func TestBusyTimeoutSetOnOneConnectionStillWaits(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	db, err := sql.Open("sqlite", "file:"+path)
 	require.NoError(t, err)
@@ -208,7 +208,7 @@ func TestHostileSQLiteBusyTimeoutOnOneConnection(t *testing.T) {
 // A result that the Codec cannot encode, with a final error ("card
 // declined" and a NaN in the result): nothing is recorded and the next
 // call runs fn again, so the caller's error must not say final.
-func TestHostileSQLiteFinalNotCommittedIsNotFinal(t *testing.T) {
+func TestUnrecordedFinalErrorIsNotFinal(t *testing.T) {
 	b, _ := testBackend(t)
 	s := idem.New[float64](idem.Options{Backend: b})
 	defer s.Close()
@@ -226,7 +226,7 @@ func TestHostileSQLiteFinalNotCommittedIsNotFinal(t *testing.T) {
 }
 
 // Table names that need quoting work end to end.
-func TestHostileSQLiteQuotedTableName(t *testing.T) {
+func TestQuotedTableNameWorks(t *testing.T) {
 	db, _ := openTemp(t)
 	for _, name := range []string{`we"ird`, `a b; DROP TABLE x; --`, `main.idem`} {
 		b, err := New(context.Background(), db, Options{Table: name})
@@ -251,7 +251,7 @@ func TestHostileSQLiteQuotedTableName(t *testing.T) {
 // transaction ends, and its caller until its ctx ends, then answers
 // ErrInProgress (not a BackendError once the busy timeout passes, which an
 // HTTP adapter would answer with 503 rather than 409).
-func TestHostileSQLiteDuplicateInAnotherProcessPastBusyTimeout(t *testing.T) {
+func TestDuplicateInAnotherProcessPastBusyTimeoutIsInProgress(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	child := startChild(t, "in-tx", crashFileEnv+"="+path)
 
@@ -289,7 +289,7 @@ func TestHostileSQLiteDuplicateInAnotherProcessPastBusyTimeout(t *testing.T) {
 // says it must not). The commit guard vetoes it; and were a claim ever
 // committed without its outcome, its lapsed lease would make it
 // interrupted, which Forget clears, never a claim in progress for ever.
-func TestHostileSQLiteFnCommittingTxStrandsNothing(t *testing.T) {
+func TestFnCommittingTxStrandsNothing(t *testing.T) {
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	s, b, _ := movesStore(t, idem.Options{Now: clock.Now})
 	ctx := context.Background()
@@ -313,7 +313,7 @@ func TestHostileSQLiteFnCommittingTxStrandsNothing(t *testing.T) {
 // A process killed inside RunOnceTx while this process's RunOnceTx for the
 // same key waits on the write lock: the waiter then claims the key itself
 // and runs fn once.
-func TestHostileSQLiteWaiterTakesOverAfterOwnerKilled(t *testing.T) {
+func TestWaiterTakesOverAfterOwnerKilled(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	child := startChild(t, "in-tx", crashFileEnv+"="+path)
 	db, err := Open(path)
@@ -344,7 +344,7 @@ func TestHostileSQLiteWaiterTakesOverAfterOwnerKilled(t *testing.T) {
 // A private in-memory database is refused by New: database/sql opens
 // several connections and each would be a database of its own, the table
 // on one of them only.
-func TestHostileSQLitePrivateMemoryDatabase(t *testing.T) {
+func TestPrivateMemoryDatabaseIsRefused(t *testing.T) {
 	db, err := sql.Open("sqlite", "file::memory:?_pragma=busy_timeout(5000)")
 	require.NoError(t, err)
 	defer db.Close()
@@ -373,7 +373,7 @@ func TestHostileSQLitePrivateMemoryDatabase(t *testing.T) {
 // The *sql.DB is closed while fn runs, and after: RunOnceTx either commits
 // the key and fn's write together or neither, and a call on the closed DB
 // is idem.ErrClosed.
-func TestHostileSQLiteDBClosedAroundRunOnceTx(t *testing.T) {
+func TestDBClosedAroundRunOnceTxIsAllOrNothing(t *testing.T) {
 	db, path := openTemp(t)
 	b, err := New(context.Background(), db, Options{})
 	require.NoError(t, err)

@@ -86,12 +86,16 @@ ON DUPLICATE KEY UPDATE state = state`
 RETURNING ` + seenColumns,
 		// MySQL 8 has no INSERT ... RETURNING: the insert, then get.
 		insert: insert,
-		get:    `SELECT ` + seenColumns + ` FROM ` + t + " WHERE `key` = ?",
+		// Every read of one key says LIMIT 1, though the key is unique:
+		// an explicit LIMIT overrides the session's sql_select_limit,
+		// which code sharing the pool may have SET (at 0, a read without
+		// one finds no row).
+		get: `SELECT ` + seenColumns + ` FROM ` + t + " WHERE `key` = ? LIMIT 1",
 		// Inside RunOnceTx: the session's id comes back too, to ask
 		// about its COMMIT if the reply to that is lost.
 		claimTx: insert + `
 RETURNING ` + seenColumns + `, CONNECTION_ID()`,
-		getTx: `SELECT ` + seenColumns + `, CONNECTION_ID() FROM ` + t + " WHERE `key` = ?",
+		getTx: `SELECT ` + seenColumns + `, CONNECTION_ID() FROM ` + t + " WHERE `key` = ? LIMIT 1",
 		// Takes over a record that expired, atomically: the WHERE clause
 		// is checked against the row as it stands when the UPDATE locks it.
 		takeOver: briefly(`UPDATE `+t+` SET fingerprint = ?, token = ?, state = 1, created_at = `+serverNow+`, expires_at = NULL,
@@ -112,14 +116,14 @@ WHERE ` + "`key`" + ` = ? AND token = ? AND state <> 2`,
 WHERE ` + "`key`" + ` = ? AND token = ? AND state = 1`,
 		// Forget's first read: the record as last committed, a plain read
 		// that never waits on a row lock.
-		look: `SELECT token, state FROM ` + t + " WHERE `key` = ?",
+		look: `SELECT token, state FROM ` + t + " WHERE `key` = ? LIMIT 1",
 		// Forget deletes the record look read, unless its claim holds;
 		// one that meets a RunOnceTx's row lock waits for it briefly, and
 		// finds another token (the transaction's) once it commits.
 		forget: briefly(`DELETE FROM `+t+" WHERE `key` = ? AND token = ? AND state = ? AND NOT ("+held+`)`, mariaDB),
 		// Whether key has a record, read under a shared lock, which waits
 		// briefly for a RunOnceTx's uncommitted claim of it.
-		exists: briefly(`SELECT 1 FROM `+t+" WHERE `key` = ? LOCK IN SHARE MODE", mariaDB),
+		exists: briefly(`SELECT 1 FROM `+t+" WHERE `key` = ? LIMIT 1 LOCK IN SHARE MODE", mariaDB),
 		// The index finds the expired records, oldest first. It runs in
 		// a READ COMMITTED transaction (Sweep), so that it locks only the
 		// rows it deletes, not the gaps between index entries, which
@@ -130,7 +134,7 @@ WHERE ` + "`key`" + ` = ? AND token = ? AND state = 1`,
 		// RecordStep's read: the steps of the claim token holds, locked
 		// until its transaction ends, and the server's now for the step.
 		lockSteps: `SELECT steps, ` + since + serverNow + `) FROM ` + t + `
-WHERE ` + "`key`" + ` = ? AND token = ? AND ` + held + ` FOR UPDATE`,
+WHERE ` + "`key`" + ` = ? AND token = ? AND ` + held + ` LIMIT 1 FOR UPDATE`,
 		setSteps: `UPDATE ` + t + " SET steps = ? WHERE `key` = ? AND token = ?",
 		// Takes over a record seen as interrupted, atomically: concurrent
 		// Resumes queue on the row, and those after the first find

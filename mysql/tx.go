@@ -282,7 +282,9 @@ func committed(ctx context.Context, b *Backend, opts idem.Options, sess *session
 	defer cancel()
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		var alive bool
-		err := b.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`, sess.id).Scan(&alive)
+		// LIMIT 1 overrides a sql_select_limit of 0 that code sharing
+		// the pool SET on a connection, under which no row comes back.
+		err := b.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?) LIMIT 1`, sess.id).Scan(&alive)
 		switch {
 		case err == nil && !alive:
 			rec, ok, err := b.Get(ctx, done.Key, time.Time{})

@@ -96,7 +96,9 @@ func (r *releaser) rounds(s releaseRunner) {
 			err := s.tryRelease(c.key, c.token)
 			r.mu.Lock()
 			switch {
-			case err == nil, refused(err):
+			case err == nil, refused(err) && !ended(s.closingDone()):
+				// A refusal once closing has ended the releases' context
+				// wrote nothing: the claim stays, and closing gave it up.
 				delete(r.pending, c)
 			case errors.Is(err, backend.ErrNotOwner) && time.Now().After(r.pending[c]):
 				delete(r.pending, c) // it never landed, or was settled otherwise
@@ -124,6 +126,16 @@ func (r *releaser) exit(closing bool) bool {
 	close(r.idle)
 	r.idle = nil
 	return true
+}
+
+// ended reports whether done is closed.
+func ended(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
 }
 
 // startBackground runs fn on a goroutine that Close waits for.

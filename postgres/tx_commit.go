@@ -53,8 +53,9 @@ func explainedTx(err error) error {
 
 // unsent says what a failure of RunOnceTx's last round trip before any of
 // it was sent means: no COMMIT went, so the transaction never committed
-// and its claim goes with it. pgx refuses to send on a connection still
-// busy with the rows of a query fn left open.
+// and its claim goes with it. pgx sends nothing under a ctx that has
+// ended (fn outlived the store's ExecutionTimeout), nor on a connection
+// still busy with the rows of a query fn left open.
 func unsent(err error) error {
-	return fmt.Errorf("postgres: the outcome and the COMMIT were not sent, so nothing was committed (fn must close the rows of its queries before it returns): %w", err)
+	return fmt.Errorf("postgres: the outcome and the COMMIT were not sent (fn's time ran out, or it left the rows of a query open), so nothing was committed: %w", err)
 }

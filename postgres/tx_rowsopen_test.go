@@ -44,3 +44,28 @@ func TestRunOnceTxFnLeavingRowsOpenFailsAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, v, "the key was left free: the retry ran")
 }
+
+// An fn that outlives the store's ExecutionTimeout and then succeeds has
+// nothing sent after it: its ctx ended, so pgx sends no outcome and no
+// COMMIT. RunOnceTx says so at once, committing nothing, rather than
+// asking the server for SettleTimeout about the fate of a transaction its
+// own connection still holds open. The key is free again.
+func TestRunOnceTxFnOutlivingItsExecutionTimeoutFailsAtOnce(t *testing.T) {
+	pool := testPool(t)
+	b, _ := testBackend(t, pool)
+	const settle = 20 * time.Second
+	s := idem.New[int](idem.Options{Backend: b, ExecutionTimeout: 200 * time.Millisecond, SettleTimeout: settle})
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	start := time.Now()
+	_, err := RunOnceTx(ctx, s, "late", "p", func(ctx context.Context, tx pgx.Tx) (int, error) {
+		<-ctx.Done()
+		return 1, nil
+	})
+	took := time.Since(start)
+	require.Error(t, err)
+	assert.Less(t, took, settle/4, "the call waited on a COMMIT it never sent")
+	v, err := RunOnceTx(ctx, s, "late", "p", func(ctx context.Context, tx pgx.Tx) (int, error) { return 2, nil })
+	require.NoError(t, err)
+	assert.Equal(t, 2, v, "the key was left free: the retry ran")
+}

@@ -326,12 +326,14 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	// The handler gets a copy of the request with the body it would have
 	// read, under a context the client cannot cancel; Fingerprint gets one
 	// of its own, so reading the body there leaves the handler's whole.
-	ctx := context.WithoutCancel(r.Context())
+	// detached is that context, made only where it is used: a first
+	// request's handler runs under the execution's own.
+	detached := func() context.Context { return context.WithoutCancel(r.Context()) }
 	var fp idem.Fingerprint
 	if g.defaultFP {
 		fp, err = RequestFingerprint(r, body)
 	} else {
-		fp, err = g.opts.Fingerprint(withBody(r, ctx, body), body)
+		fp, err = g.opts.Fingerprint(withBody(r, detached(), body), body)
 	}
 	if err != nil {
 		g.fail(w, r, http.StatusBadRequest, err.Error(), 0, err)
@@ -375,7 +377,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	}
 	defer g.waiters.Leave(storeKey)
 	if g.opts.InTx != nil {
-		g.serveTx(w, r, withBody(r, ctx, body), next, storeKey, fp, scope, lk)
+		g.serveTx(w, r, withBody(r, detached(), body), next, storeKey, fp, scope, lk)
 		return
 	}
 	// The wait ends with the client: a duplicate whose client hung up holds
@@ -395,10 +397,10 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			resp, err = t.Result()
 		}
 		if err == nil { // a replay: no copy of the request unless it is refused
-			g.replayTo(w, r.Header, func() *http.Request { return withBody(r, ctx, body) }, resp, lk)
+			g.replayTo(w, r.Header, func() *http.Request { return withBody(r, detached(), body) }, resp, lk)
 			return
 		}
-		g.answer(w, withBody(r, ctx, body), next, resp, err, scope, lk)
+		g.answer(w, withBody(r, detached(), body), next, resp, err, scope, lk)
 		return
 	}
 	// Counted only for a key this request claimed, so that replays and
@@ -408,7 +410,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	quota, withinQuota := g.quota.Reserve(scope)
 	if !withinQuota {
 		_, err = t.Finish(Response{}, errOverQuota)
-		g.answer(w, withBody(r, ctx, body), next, Response{}, err, scope, lk)
+		g.answer(w, withBody(r, detached(), body), next, Response{}, err, scope, lk)
 		return
 	}
 	kept := false
@@ -435,7 +437,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	})
 	kept = err == nil
 	if err != nil {
-		g.afterRun(w, withBody(r, ctx, body), before, rec.resp.Status != 0 || rec.hijacked, err, lk)
+		g.afterRun(w, withBody(r, detached(), body), before, rec.resp.Status != 0 || rec.hijacked, err, lk)
 	}
 }
 
@@ -443,15 +445,17 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 // start.
 func withBody(r *http.Request, ctx context.Context, body []byte) *http.Request {
 	c := r.WithContext(ctx)
-	c.Body = &bodyReader{Reader: bytes.NewReader(body)}
+	br := new(bodyReader)
+	br.Reset(body)
+	c.Body = br
 	return c
 }
 
 // bodyReader is io.NopCloser(bytes.NewReader(body)) in one allocation
-// fewer; it keeps bytes.Reader's WriteTo, as NopCloser does.
-type bodyReader struct{ *bytes.Reader }
+// rather than two; it keeps bytes.Reader's WriteTo, as NopCloser does.
+type bodyReader struct{ bytes.Reader }
 
-func (bodyReader) Close() error { return nil }
+func (*bodyReader) Close() error { return nil }
 
 // readBody is io.ReadAll sized for a body whose length is declared (size
 // at most limit), so that it is read into one buffer rather than grown.

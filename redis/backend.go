@@ -58,24 +58,16 @@
 // (a new or restarted server, a failover, every node of a new Cluster);
 // inside pipelines they are sent whole.
 //
-// Contexts: every Backend call returns by its ctx's deadline, and once a
-// ctx without one is cancelled, whatever the client's options, even
-// against a server that never answers (go-redis alone would wait for its
-// socket timeouts); a ctx cancelled before its deadline is the exception
-// below. On a single-node client the
-// backend's commands end at their ctx's deadline, as with
-// ContextTimeoutEnabled, whether the client has it or not, and run in the
-// caller's goroutine; on a Cluster or Ring client they do so if it has
-// ContextTimeoutEnabled. A client told to set no socket deadlines (a
-// ReadTimeout or WriteTimeout of -2) honours no ctx deadline either. A
-// call whose ctx can be cancelled but has no deadline (or whose deadline
-// the client does not honour) is waited on
-// from a goroutine of its own, which it leaves when ctx ends: the command
-// goes on in the background until the client gives up on it (its socket
-// timeouts). go-redis never ends a command at a cancellation, so a call
-// under a deadline that is cancelled before it ends at its answer, at the
-// deadline or at the client's ReadTimeout, whichever comes first. A call
-// whose ctx had already ended is refused (backend.ErrRefused): nothing is
+// Contexts: every Backend call returns once its ctx ends, by its deadline
+// or by a cancellation, whatever the client's options, even against a
+// server that never answers (go-redis alone would wait for its socket
+// timeouts, and ends a command at a cancellation never). A call whose ctx
+// can end is waited on from a goroutine of its own, which it leaves when
+// ctx ends: the command goes on in the background until the client gives
+// up on it (its socket timeouts), and may still land, which the Store
+// settles by the claim's token as it does a lost reply. A call whose ctx
+// can never end runs in the caller's goroutine. A call whose ctx had
+// already ended is refused (backend.ErrRefused): nothing is
 // sent. An unreachable server is answered
 // with go-redis's connection error once the client's own retries are
 // spent (MaxRetries, DialerRetries, DialerRetryTimeout: up to about 2 s
@@ -118,10 +110,6 @@ type Options struct {
 // many goroutines and processes.
 type Backend struct {
 	rdb redis.UniversalClient
-	// deadlines: the commands the calls send end at their ctx's deadline;
-	// divert: by deadlineHook's view, which sends an *evalCmd
-	// (honourDeadlines).
-	deadlines, divert bool
 	// routed: rdb routes commands by key (a Cluster or a Ring).
 	routed bool
 	// lease and ttl box the last lease and TTL the calls passed.
@@ -145,11 +133,7 @@ var (
 
 // New returns a Backend over rdb. The caller keeps ownership of rdb. New
 // adds a hook to rdb (AddHook) that watches its dials, so that a call can
-// tell an unreachable server from a slow one. On a single-node client
-// without ContextTimeoutEnabled it adds one more, which sends the
-// backend's own commands through a copy of the client with that option,
-// sharing its connections: hooks added to rdb before New see those
-// commands, hooks added after it do not.
+// tell an unreachable server from a slow one.
 //
 // Unless opts.AllowEviction, claims are refused (ErrEvicting) while a
 // primary's maxmemory-policy is not noeviction: New sends nothing, so the
@@ -173,7 +157,6 @@ func New(rdb redis.UniversalClient, opts Options) *Backend {
 	dials := new(dialWatch)
 	rdb.AddHook(dials)
 	b := &Backend{rdb: rdb, prefix: prefix, legacyIndex: prefix + "expiry", dials: dials}
-	b.deadlines, b.divert = honourDeadlines(rdb)
 	_, single := rdb.(*redis.Client)
 	b.routed = !single
 	if !opts.AllowEviction {
@@ -422,9 +405,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 
 func (b *Backend) claim(ctx context.Context, rec backend.Record, lease time.Duration) (backend.Record, bool, error) {
 	if b.policy != nil && b.policy.due() {
-		// Read from a goroutine of its own (bound): the policy's commands
-		// are not the backend's own, which alone end at ctx's deadline
-		// (deadlineHook), and it is read once a minute at most.
+		// Read once a minute at most, bounded by ctx as every call is.
 		if err := bound0(ctx, b.dials, func(ctx context.Context) error { return b.policy.check(ctx, b.rdb) }); err != nil {
 			return backend.Record{}, false, backend.Refuse(err) // the claim was not sent
 		}

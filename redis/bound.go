@@ -14,14 +14,12 @@ import (
 // ctx, and returns its answer, or ctx's error once ctx ends: every Backend
 // call is bounded by its ctx.
 //
-// go-redis ends a command's socket read or write at ctx's deadline on a
-// client with ContextTimeoutEnabled (the backend's client is such a view
-// of the caller's single-node client: see deadlineView), and at a
-// cancellation never. So a call runs in the caller's goroutine, with no
-// hand-off, when its ctx has a deadline the client honours, or cannot end
-// at all; only a ctx that can be cancelled and has no deadline (or one the
-// client ignores) has its call waited on from a goroutine of its own
-// (bound), which the caller leaves at the cancellation.
+// go-redis ends a command's socket read or write at ctx's deadline only
+// on a client with ContextTimeoutEnabled, and at a cancellation never, so
+// a call whose ctx can end is waited on from a goroutine of its own
+// (bound), which the caller leaves as soon as ctx ends, by its deadline or
+// by a cancellation that comes first. Only a call whose ctx can never end
+// runs in the caller's goroutine, with no hand-off.
 //
 // A call whose ctx had ended before it started is refused
 // (backend.Refuse): nothing was sent.
@@ -145,54 +143,13 @@ type found struct {
 	ok  bool
 }
 
-// honourDeadlines makes the commands the backend sends on rdb end at
-// their ctx's deadline, and reports whether they do. A client with
-// ContextTimeoutEnabled does so already. A single-node client (a
-// Sentinel's too) without it is given a hook (deadlineHook) that sends
-// the backend's own commands, and no other, through a view of the client
-// with it: go-redis's WithTimeout, which shares the client's connection
-// pool, with the client's socket timeouts put back. A Cluster or Ring
-// client has no such view: its own option decides. A client told to set
-// no socket deadlines (ReadTimeout or WriteTimeout -2) sets none for a
-// ctx's deadline either, with ContextTimeoutEnabled or without: its
-// calls are waited on from a goroutine of their own.
-func honourDeadlines(rdb redis.UniversalClient) (deadlines, divert bool) {
-	switch c := rdb.(type) {
-	case *redis.Client:
-		opts := c.Options()
-		switch {
-		case opts.ReadTimeout < 0 || opts.WriteTimeout < 0: // -2, kept as -1
-			return false, false
-		case opts.ContextTimeoutEnabled:
-			return true, false
-		}
-		view := c.WithTimeout(opts.ReadTimeout)
-		vopts := view.Options() // the view's own copy
-		vopts.WriteTimeout = opts.WriteTimeout
-		vopts.ContextTimeoutEnabled = true
-		c.AddHook(deadlineHook{view})
-		return true, true
-	case *redis.ClusterClient:
-		opts := c.Options()
-		return opts.ContextTimeoutEnabled && opts.ReadTimeout >= 0 && opts.WriteTimeout >= 0, false
-	case *redis.Ring:
-		opts := c.Options()
-		return opts.ContextTimeoutEnabled && opts.ReadTimeout >= 0 && opts.WriteTimeout >= 0, false
-	}
-	return false, false
-}
-
 // direct reports whether a call under ctx runs in the caller's goroutine
 // (bounded), or an error refusing it if ctx has ended.
 func (b *Backend) direct(ctx context.Context) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, backend.Refuse(err)
 	}
-	if ctx.Done() == nil {
-		return true, nil
-	}
-	_, ok := ctx.Deadline()
-	return ok && b.deadlines, nil
+	return ctx.Done() == nil, nil
 }
 
 // after is the error of a call run in the caller's goroutine since start.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -113,6 +114,10 @@ func TestCallsEndWithCtx(t *testing.T) {
 		{"Cancelled", redis.Options{}, true},
 		{"ContextTimeoutEnabled/Deadline", redis.Options{ContextTimeoutEnabled: true}, false},
 		{"ContextTimeoutEnabled/Cancelled", redis.Options{ContextTimeoutEnabled: true}, true},
+		// A deadline far off, cancelled first: go-redis would wait for the
+		// deadline or its ReadTimeout (3 s), whichever came first.
+		{"CancelledBeforeItsDeadline", redis.Options{}, true},
+		{"ContextTimeoutEnabled/CancelledBeforeItsDeadline", redis.Options{ContextTimeoutEnabled: true}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -126,6 +131,9 @@ func TestCallsEndWithCtx(t *testing.T) {
 				want = context.Canceled
 				newCtx = func() (context.Context, context.CancelFunc) {
 					ctx, cancel := context.WithCancel(context.Background())
+					if strings.HasSuffix(tc.name, "BeforeItsDeadline") {
+						ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+					}
 					stop := time.AfterFunc(wait, cancel)
 					return ctx, func() { stop.Stop(); cancel() }
 				}

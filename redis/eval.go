@@ -22,9 +22,7 @@ func newScript(src string) *script {
 
 // An evalCmd is one call of a script on one key: the command and its
 // arguments in a single allocation, where go-redis's Script.Run makes a
-// keys slice, an argument slice and a boxed name and hash besides. It is
-// also the mark of the backend's own commands, which deadlineHook sends
-// through its view of the client.
+// keys slice, an argument slice and a boxed name and hash besides.
 type evalCmd struct {
 	redis.Cmd
 	s    *script
@@ -94,16 +92,11 @@ func (b *Backend) run(ctx context.Context, c *evalCmd) *redis.Cmd {
 	return cmd
 }
 
-// send sends c, marked as the backend's own where deadlineHook is to send
-// it through its view.
+// send sends c.
 func (b *Backend) send(ctx context.Context, c *evalCmd) *redis.Cmd {
 	c.Cmd = *redis.NewCmd(ctx, c.argv[:c.n]...)
 	c.SetFirstKeyPos(3)
-	if b.divert {
-		_ = b.rdb.Process(ctx, c)
-	} else {
-		_ = b.rdb.Process(ctx, &c.Cmd)
-	}
+	_ = b.rdb.Process(ctx, &c.Cmd)
 	return &c.Cmd
 }
 
@@ -125,26 +118,4 @@ func (m *msArg) of(d time.Duration, min int64) any {
 	box := &msBox{d: d, arg: max(millis(d), min)}
 	m.last.Store(box)
 	return box.arg
-}
-
-// A deadlineHook sends the backend's own commands (an *evalCmd) through
-// view, where go-redis ends their socket reads and writes at their ctx's
-// deadline, and every other command on as it came. Added last when the
-// backend is made, it runs after the hooks the client had then: theirs
-// see the backend's commands as before.
-type deadlineHook struct{ view *redis.Client }
-
-func (h deadlineHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h deadlineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h deadlineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if c, ok := cmd.(*evalCmd); ok {
-			return h.view.Process(ctx, &c.Cmd)
-		}
-		return next(ctx, cmd)
-	}
 }

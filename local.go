@@ -55,3 +55,12 @@ func (l localStore[R]) Decode(rec backend.Record) (R, error) { return l.s.decode
 
 // Options returns the options the store runs with, defaults applied.
 func (l localStore[R]) Options() Options { return l.s.opts }
+
+// Get reads key's record through the store's guard, as the store's own
+// reads do: a Backend that panics or ends the goroutine is an error.
+func (l localStore[R]) Get(ctx context.Context, key string) (backend.Record, bool, error) {
+	if l.s.opts.Backend == nil {
+		return backend.Record{}, false, nil
+	}
+	return l.s.b.Get(ctx, key, l.s.opts.Now())
+}

@@ -109,12 +109,9 @@ func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.H
 // it itself, keeping the claim without an outcome. A record that cannot be
 // read is not taken for one.
 func (g *Guard) interrupted(ctx context.Context, key string) bool {
-	opts := txrun.Of(g.store).Options()
-	if opts.Backend == nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opts.SettleTimeout)
+	l := txrun.Of(g.store)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.Options().SettleTimeout)
 	defer cancel()
-	rec, ok, err := opts.Backend.Get(ctx, key, opts.Now())
+	rec, ok, err := l.Get(ctx, key)
 	return err == nil && ok && rec.State == backend.StateInterrupted
 }

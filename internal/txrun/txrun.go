@@ -37,6 +37,9 @@ type Local[R any] interface {
 	Decode(rec backend.Record) (R, error)
 	// Options returns the options the store runs with, defaults applied.
 	Options() idem.Options
+	// Get reads key's record from the store's Backend through the
+	// store's guard for foreign code; a store without a Backend has none.
+	Get(ctx context.Context, key string) (backend.Record, bool, error)
 }
 
 // Of returns store's transactional view. store must not be nil.

@@ -118,7 +118,10 @@ func (a *API) charge(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":"want {\"order\":N,\"amount\":N}"}`, http.StatusBadRequest)
 		return
 	}
-	time.Sleep(a.delay) // the bank is slow
+	// -delay makes a charge slow, to see a duplicate answered 409. It waits
+	// inside the transaction, holding its locks, as no real remote call
+	// should: call the bank before, or through idem.Step.
+	time.Sleep(a.delay)
 	id, err := a.ledger.insert(r.Context(), req.Order, req.Amount)
 	if err != nil {
 		// A 5xx rolls the charge back with the key: the retry runs afresh.

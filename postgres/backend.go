@@ -186,9 +186,19 @@ const (
 // after is the SQL for the instant that many microseconds (parameter p)
 // after the server's now, or NULL for zero: no lease. A negative p is the
 // server's now itself: a lease that has lapsed already.
-func after(p string) string {
-	return `CASE WHEN ` + p + `::bigint > 0 THEN ` + serverNow + ` + ` + p + `::bigint * interval '1 microsecond' WHEN ` + p + `::bigint < 0 THEN ` + serverNow + ` END`
+func after(p string) string { return afterAt(p, serverNow) }
+
+// afterAt is after, counted from the instant now (SQL).
+func afterAt(p, now string) string {
+	return `CASE WHEN ` + p + `::bigint > 0 THEN ` + now + ` + ` + p + `::bigint * interval '1 microsecond' WHEN ` + p + `::bigint < 0 THEN ` + now + ` END`
 }
+
+// claimNow is the one instant a claim's columns are counted from: read
+// once (a CTE with a volatile function is evaluated once), so that a
+// lapsed claim's lease ends at its created_at exactly, the mark of a
+// transactional claim committed without its outcome; two reads of
+// clock_timestamp() in one row can be microseconds apart.
+const claimNow = `(SELECT ts FROM claim_clock)`
 
 func newQueries(t string) queries {
 	return queries{
@@ -197,9 +207,9 @@ func newQueries(t string) queries {
 		// conflicting row, so a replay writes nothing and costs no WAL
 		// flush. If a concurrent claim committed after this statement's
 		// snapshot, neither branch yields a row, and Claim runs it again.
-		claim: `WITH claimed AS (
+		claim: `WITH claim_clock AS (SELECT ` + serverNow + ` AS ts), claimed AS (
     INSERT INTO ` + t + ` (key, fingerprint, token, state, created_at, lease_until, sweep_at)
-    VALUES ($1, $2, $3, 1, ` + serverNow + `, ` + after("$4") + `, ` + serverNow + ` + $5::bigint * interval '1 microsecond')
+    VALUES ($1, $2, $3, 1, ` + claimNow + `, ` + afterAt("$4", claimNow) + `, ` + claimNow + ` + $5::bigint * interval '1 microsecond')
     ON CONFLICT (key) DO NOTHING
     RETURNING ` + columns + `)
 SELECT true, false, ` + columns + ` FROM claimed
@@ -207,9 +217,10 @@ UNION ALL
 SELECT false, NOT (` + live + `), ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`,
 		// Takes over a record that expired, atomically: the WHERE clause is
 		// checked against the row as it stands when the UPDATE locks it.
-		takeOver: `UPDATE ` + t + ` SET fingerprint = $2, token = $3, state = 1, created_at = ` + serverNow + `, expires_at = NULL,
-    lease_until = ` + after("$4") + `, value = NULL, failed = false, err_msg = '', steps = NULL,
-    sweep_at = ` + serverNow + ` + $5::bigint * interval '1 microsecond'
+		takeOver: `WITH claim_clock AS (SELECT ` + serverNow + ` AS ts)
+UPDATE ` + t + ` SET fingerprint = $2, token = $3, state = 1, created_at = ` + claimNow + `, expires_at = NULL,
+    lease_until = ` + afterAt("$4", claimNow) + `, value = NULL, failed = false, err_msg = '', steps = NULL,
+    sweep_at = ` + claimNow + ` + $5::bigint * interval '1 microsecond'
 WHERE key = $1 AND NOT (` + live + `)
 RETURNING true, false, ` + columns,
 		complete: `UPDATE ` + t + ` SET state = 2, ` + expiry + `, lease_until = NULL,

@@ -16,14 +16,18 @@ import (
 
 // A modelCall is one call of a key, as the driver made it and as it ended.
 type modelCall struct {
-	ms            *modelStore
-	via           string // "RunOnce", or "Begin" and how the ticket ends: "finish", "release", "drop"
-	key           string
-	payload       string
-	p             plan
-	timeout       time.Duration
-	disturb0      int64 // the world's disturbance count when the call started
-	faulted       bool  // a fault was planned for its store when it started
+	ms       *modelStore
+	via      string // "RunOnce", or "Begin" and how the ticket ends: "finish", "release", "drop"
+	key      string
+	payload  string
+	p        plan
+	timeout  time.Duration
+	disturb0 int64 // the world's disturbance count when the call started
+	faulted  bool  // a fault was planned for its store when it started
+	// sharedFault: when it started, a call of its key was in flight in
+	// its store with a fault in that call's window (sharesFault): it may
+	// wait on that call's claim and answer the error it ends with.
+	sharedFault   bool
 	storeDisturb0 int64 // its store's disturbance count when it started
 	seq0          int   // the history's clock when it started
 	busy0         bool  // something held its key when it started
@@ -77,6 +81,7 @@ func (w *world) prepare(c *modelCall) {
 	c.storeDisturb0 = c.ms.disturbs.Load()
 	c.unpins0 = w.unpins.Load()
 	c.faulted = c.ms.f.active() || c.ms.u.pending()
+	c.sharedFault = w.sharesFault(c)
 	c.busy0 = w.busy(c.key)
 	w.mu.Lock()
 	c.mayInterrupt0 = w.mayInterrupt[c.key]
@@ -84,6 +89,31 @@ func (w *world) prepare(c *modelCall) {
 	if p, ok := w.pinOf(c.key); ok && p.store == c.ms.id && p.payload == c.payload {
 		c.pin = &p
 	}
+}
+
+// sharesFault reports whether c, about to start, may share the fate of a
+// fault that hit another call: a call of c's key already in flight in
+// c's store, whose claim c then waits on and whose error it answers, as
+// every waiter in one process does (DESIGN.md, rule 2), and whose store
+// had a fault planned at some time since that call started. The fault is
+// then that call's to meet, whenever its Backend call runs: it may have
+// taken a one-call fault already (none is planned any more when c starts,
+// and its claim hangs until its ctx ends), or a fault planned after it
+// started may meet its claim later (its goroutine had yet to send it). A
+// call that ended has settled its claim: nothing of it is left to share.
+// The driver's goroutine only, which owns w.pending.
+func (w *world) sharesFault(c *modelCall) bool {
+	for _, a := range w.pending {
+		select {
+		case <-a.done:
+			continue
+		default:
+		}
+		if a.c.ms == c.ms && a.c.key == c.key && (a.c.faulted || c.ms.disturbs.Load() != a.c.storeDisturb0) {
+			return true
+		}
+	}
+	return false
 }
 
 // callKey is the context key under which a call's ctx carries it, so
@@ -154,6 +184,11 @@ func (w *world) do(c *modelCall) {
 // async makes the call c on a goroutine of its own.
 func (w *world) async(c *modelCall) {
 	w.prepare(c)
+	w.launch(c)
+}
+
+// launch starts the call c, prepared, on a goroutine of its own.
+func (w *world) launch(c *modelCall) {
 	a := &asyncCall{c: c, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
@@ -168,7 +203,11 @@ func (w *world) check(c *modelCall) string {
 	busy := w.busy(c.key)
 	// storeDisturbed: something was wrong with the call's own store (a
 	// fault, its user code, its death): the backend errors it may give.
-	storeDisturbed := c.faulted || c.ms.disturbs.Load() != c.storeDisturb0 || c.ms.f.active() || c.ms.u.pending() || c.ms.killed || c.ms.closed.Load()
+	// A call that ran no fn of its own waited on another's claim or
+	// execution, and answers its error: a fault that call may have met
+	// counts too (sharesFault).
+	storeDisturbed := c.faulted || c.ms.disturbs.Load() != c.storeDisturb0 || c.ms.f.active() || c.ms.u.pending() || c.ms.killed || c.ms.closed.Load() ||
+		c.sharedFault && !c.ran()
 	disturbed := storeDisturbed || w.disturbed.Load() != c.disturb0
 	if c.bounded > c.timeout+modelSlack {
 		return fmt.Sprintf("took %v, %v of it past the caller's %v ctx", c.took, c.bounded-c.timeout, c.timeout)

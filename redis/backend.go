@@ -385,29 +385,16 @@ return 1`)
 // now is ignored.
 func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, lease time.Duration) (backend.Record, bool, error) {
 	// A ctx that had ended is refused: nothing is sent, so the Store need
-	// not read the claim back. The call is made here, not in a closure
-	// given to bounded, so that it allocates none.
-	direct, err := b.direct(ctx)
-	switch {
-	case err != nil:
-		return backend.Record{}, false, err
-	case direct:
-		start := time.Now()
-		rec, won, err := b.claim(ctx, rec, lease)
-		return rec, won, b.after(ctx, start, err)
+	// not read the claim back.
+	if err := ctx.Err(); err != nil {
+		return backend.Record{}, false, backend.Refuse(err)
 	}
-	f, err := bound(ctx, b.dials, func(ctx context.Context) (found, error) {
-		rec, won, err := b.claim(ctx, rec, lease)
-		return found{rec, won}, err
-	})
-	return f.rec, f.ok, err
-}
-
-func (b *Backend) claim(ctx context.Context, rec backend.Record, lease time.Duration) (backend.Record, bool, error) {
 	if b.policy != nil && b.policy.due() {
 		// Read once a minute at most, bounded by ctx as every call is.
+		start := time.Now()
 		if err := bound0(ctx, b.dials, func(ctx context.Context) error { return b.policy.check(ctx, b.rdb) }); err != nil {
-			return backend.Record{}, false, backend.Refuse(err) // the claim was not sent
+			// The claim was not sent.
+			return backend.Record{}, false, unreachable(ctx, b.dials, start, backend.Refuse(err))
 		}
 	}
 	enc, err := blob(backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, State: backend.StatePending})
@@ -417,10 +404,11 @@ func (b *Backend) claim(ctx context.Context, rec backend.Record, lease time.Dura
 	if strings.ContainsRune(rec.Token, '|') {
 		return backend.Record{}, false, fmt.Errorf("redis: token %q holds '|', which the record header reserves", rec.Token)
 	}
-	reply, err := b.run(ctx, b.evalRecord(claimScript, rec.Key).arg(rec.Token).arg(b.lease.of(lease, 0)).record(enc)).Result()
+	cmd, err := b.call(ctx, b.evalRecord(claimScript, rec.Key).token(rec.Token).arg(b.lease.of(lease, 0)).record(enc))
 	if err != nil {
 		return backend.Record{}, false, err
 	}
+	reply := cmd.Val()
 	if now, ok := reply.(int64); ok {
 		claim := backend.Record{Key: rec.Key, Fingerprint: rec.Fingerprint, Token: rec.Token, State: backend.StatePending, CreatedAt: time.UnixMilli(now)}
 		if lease > 0 {
@@ -448,83 +436,59 @@ func decodeSeen(key string, reply any) (backend.Record, error) {
 // record keeps the fingerprint it was claimed with, which the script copies
 // into the encoding sent here, whatever rec.Fingerprint holds.
 func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time, ttl time.Duration) error {
-	direct, err := b.direct(ctx)
-	switch {
-	case err != nil:
-		return err
-	case direct:
-		start := time.Now()
-		return b.after(ctx, start, b.complete(ctx, rec, ttl))
+	if err := ctx.Err(); err != nil {
+		return backend.Refuse(err)
 	}
-	return bound0(ctx, b.dials, func(ctx context.Context) error { return b.complete(ctx, rec, ttl) })
-}
-
-func (b *Backend) complete(ctx context.Context, rec backend.Record, ttl time.Duration) error {
 	enc, err := blob(backend.Record{Key: rec.Key, State: backend.StateCompleted,
 		Value: rec.Value, Failed: rec.Failed, ErrMsg: rec.ErrMsg})
 	if err != nil {
 		return err
 	}
-	n, err := b.run(ctx, b.evalRecord(completeScript, rec.Key).arg(rec.Token).record(enc).arg(b.ttl.of(ttl, 1))).Int64()
-	return backend.Owned(n, err, rec.Key)
+	return b.owned(ctx, b.evalRecord(completeScript, rec.Key).token(rec.Token).record(enc).arg(b.ttl.of(ttl, 1)), rec.Key)
+}
+
+// owned sends c, a script that answers 1, or 0 if the token does not hold
+// the key's claim.
+func (b *Backend) owned(ctx context.Context, c *evalCmd, key string) error {
+	cmd, err := b.call(ctx, c)
+	if err != nil {
+		return err
+	}
+	n, err := cmd.Int64()
+	return backend.Owned(n, err, key)
 }
 
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	return bounded0(b, ctx, func(ctx context.Context) error {
-		n, err := b.run(ctx, b.evalRecord(releaseScript, key).arg(token)).Int64()
-		return backend.Owned(n, err, key)
-	})
+	return b.owned(ctx, b.evalRecord(releaseScript, key).token(token), key)
 }
 
 // Renew extends the lease to lease after the server's now.
 func (b *Backend) Renew(ctx context.Context, key, token string, _ time.Time, lease time.Duration) error {
-	return bounded0(b, ctx, func(ctx context.Context) error {
-		n, err := b.run(ctx, b.evalRecord(renewScript, key).arg(token).arg(b.lease.of(lease, 0))).Int64()
-		return backend.Owned(n, err, key)
-	})
+	return b.owned(ctx, b.evalRecord(renewScript, key).token(token).arg(b.lease.of(lease, 0)), key)
 }
 
 // Get returns key's record as the server's clock sees it.
 func (b *Backend) Get(ctx context.Context, key string, _ time.Time) (backend.Record, bool, error) {
-	direct, err := b.direct(ctx)
-	switch {
-	case err != nil:
-		return backend.Record{}, false, err
-	case direct:
-		start := time.Now()
-		rec, ok, err := b.get(ctx, key)
-		return rec, ok, b.after(ctx, start, err)
-	}
-	f, err := bound(ctx, b.dials, func(ctx context.Context) (found, error) {
-		rec, ok, err := b.get(ctx, key)
-		return found{rec, ok}, err
-	})
-	return f.rec, f.ok, err
-}
-
-func (b *Backend) get(ctx context.Context, key string) (backend.Record, bool, error) {
-	reply, err := b.run(ctx, b.evalRecord(getScript, key)).Result()
+	cmd, err := b.call(ctx, b.evalRecord(getScript, key))
 	switch {
 	case errors.Is(err, redis.Nil):
 		return backend.Record{}, false, nil
 	case err != nil:
 		return backend.Record{}, false, err
 	}
-	rec, err := decodeSeen(key, reply)
+	rec, err := decodeSeen(key, cmd.Val())
 	return rec, err == nil, err
 }
 
 // Forget judges the lease by the server's clock.
 func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
-	return bounded0(b, ctx, func(ctx context.Context) error { return b.forget(ctx, key) })
-}
-
-func (b *Backend) forget(ctx context.Context, key string) error {
-	n, err := b.run(ctx, b.evalRecord(forgetScript, key)).Int()
-	switch {
-	case err != nil:
+	cmd, err := b.call(ctx, b.evalRecord(forgetScript, key))
+	if err != nil {
 		return err
-	case n == 0:
+	}
+	if n, err := cmd.Int(); err != nil {
+		return err
+	} else if n == 0 {
 		return fmt.Errorf("%w: key %q is claimed and its lease holds", idem.ErrInProgress, key)
 	}
 	return nil

@@ -137,12 +137,6 @@ func bound0(ctx context.Context, dials *dialWatch, call func(context.Context) er
 	return err
 }
 
-// A found is a record and whether it was found (Get) or won (Claim).
-type found struct {
-	rec backend.Record
-	ok  bool
-}
-
 // direct reports whether a call under ctx runs in the caller's goroutine
 // (bounded), or an error refusing it if ctx has ended.
 func (b *Backend) direct(ctx context.Context) (bool, error) {

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -31,8 +32,19 @@ type evalCmd struct {
 	// key and blob are the key and the binary record, sent by pointer: a
 	// pointer in an interface allocates nothing, a string or a slice
 	// does. The key is written into kb, where it fits.
-	key, blob rawArg
-	kb        [96]byte
+	key, blob, tok rawArg
+	kb             [96]byte
+	tb             [40]byte
+
+	// What call hands the goroutine that sends the command (see call),
+	// and what that goroutine hands back: the command it ended with, or,
+	// if the client panicked or ended the goroutine, err. done is closed
+	// once they are written.
+	b    *Backend
+	ctx  context.Context
+	res  *redis.Cmd
+	err  error
+	done chan struct{}
 }
 
 // A rawArg is bytes go-redis sends as they are (encoding.BinaryMarshaler).
@@ -73,6 +85,16 @@ func (c *evalCmd) arg(v any) *evalCmd {
 	return c
 }
 
+// token appends a claim's token, copied into c where it fits, so that it
+// is not boxed (a string in an interface allocates).
+func (c *evalCmd) token(t string) *evalCmd {
+	if len(t) > len(c.tb) {
+		return c.arg(t)
+	}
+	c.tok = append(c.tb[:0], t...)
+	return c.arg(&c.tok)
+}
+
 // record appends a binary record.
 func (c *evalCmd) record(v []byte) *evalCmd {
 	c.blob = v
@@ -83,17 +105,71 @@ func (c *evalCmd) record(v []byte) *evalCmd {
 // the server does not hold (NOSCRIPT: a restarted or flushed server, a
 // cold script cache) is sent again whole, as go-redis's Run does.
 func (b *Backend) run(ctx context.Context, c *evalCmd) *redis.Cmd {
-	cmd := b.send(ctx, c)
+	cmd := b.sendCmd(ctx, c)
 	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		again := &evalCmd{s: c.s, argv: c.argv, n: c.n} // a key or record argument still points into c
 		again.argv[0], again.argv[1] = "eval", c.s.src
-		cmd = b.send(ctx, again)
+		cmd = b.sendCmd(ctx, again)
 	}
 	return cmd
 }
 
-// send sends c.
-func (b *Backend) send(ctx context.Context, c *evalCmd) *redis.Cmd {
+// call sends c under ctx and returns its command, or ctx's error once
+// ctx ends: bounded, for one script call, with no closure nor generic
+// answer to allocate. A call whose ctx can end is waited on from a
+// goroutine of its own, which the caller leaves when ctx ends; one whose
+// ctx can never end runs in the caller's goroutine; one whose ctx had
+// ended is refused, nothing sent. A command that came back with an error
+// (the server's, or the client's) returns it as its error too.
+func (b *Backend) call(ctx context.Context, c *evalCmd) (*redis.Cmd, error) {
+	direct, err := b.direct(ctx)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if direct {
+		cmd := b.run(ctx, c)
+		return cmd, b.after(ctx, start, cmd.Err())
+	}
+	c.b, c.ctx, c.done = b, ctx, make(chan struct{})
+	go c.send()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		select {
+		case <-c.done: // an answer that came with the end is kept
+		default:
+			// c is the goroutine's from here on: the command goes on
+			// until the client answers or gives up.
+			return nil, unreachable(ctx, b.dials, start, fmt.Errorf("redis: no answer before ctx ended: %w", ctx.Err()))
+		}
+	}
+	if c.err != nil {
+		return nil, unreachable(ctx, b.dials, start, c.err)
+	}
+	return c.res, unreachable(ctx, b.dials, start, c.res.Err())
+}
+
+// send is the goroutine of call: it sends c, and closes c.done once its
+// answer is written. No caller may be left to take a panic (a client's
+// hook, say) from it, which would end the process; a hook that ends it
+// (runtime.Goexit) gave no answer either.
+func (c *evalCmd) send() {
+	returned := false
+	defer func() {
+		if p := recover(); p != nil {
+			c.err = fmt.Errorf("redis: panic in the client: %v", p)
+		} else if !returned {
+			c.err = errClientExited
+		}
+		close(c.done)
+	}()
+	c.res = c.b.run(c.ctx, c)
+	returned = true
+}
+
+// sendCmd sends c.
+func (b *Backend) sendCmd(ctx context.Context, c *evalCmd) *redis.Cmd {
 	c.Cmd = *redis.NewCmd(ctx, c.argv[:c.n]...)
 	c.SetFirstKeyPos(3)
 	_ = b.rdb.Process(ctx, &c.Cmd)

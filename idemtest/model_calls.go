@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,9 +42,14 @@ type modelCall struct {
 	unrecorded atomic.Pointer[idem.NotRecordedError]
 	val        receipt
 	err        error
-	exited     bool // the call's goroutine ended with runtime.Goexit
-	took       time.Duration
-	bounded    time.Duration // the part of took that ctx bounds
+	exited     bool      // the call's goroutine ended with runtime.Goexit
+	deadline   time.Time // when its ctx ends
+	// sight is the last record of its key it read from the backend
+	// (model_dead.go); its own execution reads on other goroutines.
+	sightMu sync.Mutex
+	sight   *sighting // guarded by sightMu
+	took    time.Duration
+	bounded time.Duration // the part of took that ctx bounds
 }
 
 func (c *modelCall) String() string {
@@ -126,6 +132,7 @@ type callKey struct{}
 func (w *world) do(c *modelCall) {
 	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), callKey{}, c), c.timeout)
 	defer cancel()
+	c.deadline, _ = ctx.Deadline()
 	ran := w.fn(c.ms, c.key, c.payload, c.p, &c.exec)
 	start := time.Now()
 	returned := false
@@ -306,7 +313,7 @@ func (w *world) check(c *modelCall) string {
 			return "ErrPayloadMismatch, but the key never ran with another payload"
 		}
 	case errors.Is(err, idem.ErrInProgress):
-		if !busy && !c.busy0 {
+		if !busy && !c.busy0 && !w.heldByDead(c) {
 			return "ErrInProgress, but nothing held the key: " + err.Error()
 		}
 	case errors.Is(err, idem.ErrOutcomeUnknown):

@@ -49,10 +49,13 @@ type faults struct {
 	markNext bool     // guarded by mu
 	tokens   []string // guarded by mu
 	silent   bool     // guarded by mu; every call waits for its ctx, then is refused
+	// claimed holds the tokens of every claim this store won (a Claim, a
+	// Resume), guarded by mu: the claims only it renews.
+	claimed map[string]bool
 }
 
 func newFaults() *faults {
-	return &faults{once: make(map[string]faultKind), until: make(map[string]bool)}
+	return &faults{once: make(map[string]faultKind), until: make(map[string]bool), claimed: make(map[string]bool)}
 }
 
 func (f *faults) setOnce(op string, k faultKind) {
@@ -102,10 +105,25 @@ func (f *faults) failNextClaim() {
 func (f *faults) won(token string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.claimed[token] = true
 	if f.markNext {
 		f.markNext = false
 		f.tokens = append(f.tokens, token)
 	}
+}
+
+// resumed notes a claim this store took over with Resume.
+func (f *faults) resumed(token string) {
+	f.mu.Lock()
+	f.claimed[token] = true
+	f.mu.Unlock()
+}
+
+// holds reports whether token is a claim this store won.
+func (f *faults) holds(token string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.claimed[token]
 }
 
 // healOldest heals the oldest claim whose writes fail, and reports
@@ -231,6 +249,8 @@ func (fb faultBackend) Claim(ctx context.Context, rec backend.Record, now time.T
 	}
 	if won {
 		fb.f.won(rec.Token)
+	} else {
+		see(ctx, got)
 	}
 	return got, won, nil
 }
@@ -253,6 +273,9 @@ func (fb faultBackend) Get(ctx context.Context, key string, now time.Time) (rec 
 	})
 	if err != nil {
 		return backend.Record{}, false, err
+	}
+	if ok {
+		see(ctx, rec)
 	}
 	return rec, ok, nil
 }
@@ -287,6 +310,7 @@ func (fs faultStepper) Resume(ctx context.Context, key, old, token string, now t
 	if err != nil {
 		return backend.Record{}, err
 	}
+	fs.f.resumed(token)
 	return rec, nil
 }
 

@@ -69,6 +69,7 @@ type world struct {
 
 	renewing []*permit     // the windows of renew outages not yet healed
 	dead     []*modelStore // killed stores, closed at the end
+	all      []*modelStore // every store opened, dead, closed or live
 	storeIDs int           // the last store id given
 }
 
@@ -178,6 +179,7 @@ func (w *world) open(i int) *modelStore {
 	}
 	opts.Observer = ms.u.observerHooks()
 	ms.s = idem.New[receipt](opts)
+	w.all = append(w.all, ms)
 	return ms
 }
 

@@ -94,6 +94,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
@@ -167,6 +168,15 @@ type queries struct {
 
 const columns = `key, fingerprint, token, state, created_at, expires_at, lease_until, value, failed, err_msg, steps`
 
+// named and seenNamed are columns and seenColumns as a statement returns
+// them: named with one letter each, which pgx reads into a string of one
+// byte, which Go does not allocate (a name of more is copied for every
+// row description: 7 allocations a claim). The record is read by position.
+const (
+	named     = `key AS c, fingerprint AS d, token AS e, state AS f, created_at AS g, expires_at AS h, lease_until AS i, value AS j, failed AS k, err_msg AS l, steps AS m`
+	seenNamed = `key AS c, fingerprint AS d, token AS e, ` + seen + ` AS f, created_at AS g, expires_at AS h, lease_until AS i, value AS j, failed AS k, err_msg AS l, steps AS m`
+)
+
 // Every instant is the server's: the statements compute them from
 // clock_timestamp() (the moment the statement runs, even inside a long
 // transaction) and take durations, in microseconds, as parameters. So the
@@ -212,7 +222,7 @@ func newQueries(t string) queries {
     VALUES ($1, $2, $3, 1, ` + claimNow + `, ` + afterAt("$4", claimNow) + `, ` + claimNow + ` + $5::bigint * interval '1 microsecond')
     ON CONFLICT (key) DO NOTHING
     RETURNING ` + columns + `)
-SELECT true, false, ` + columns + ` FROM claimed
+SELECT true AS a, false AS b, ` + named + ` FROM claimed
 UNION ALL
 SELECT false, NOT (` + live + `), ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)`,
 		// Takes over a record that expired, atomically: the WHERE clause is
@@ -222,7 +232,7 @@ UPDATE ` + t + ` SET fingerprint = $2, token = $3, state = 1, created_at = ` + c
     lease_until = ` + afterAt("$4", claimNow) + `, value = NULL, failed = false, err_msg = '', steps = NULL,
     sweep_at = ` + claimNow + ` + $5::bigint * interval '1 microsecond'
 WHERE key = $1 AND NOT (` + live + `)
-RETURNING true, false, ` + columns,
+RETURNING true AS a, false AS b, ` + named,
 		complete: `UPDATE ` + t + ` SET state = 2, ` + expiry + `, lease_until = NULL,
     value = $4, failed = $5, err_msg = $6
 WHERE key = $1 AND token = $2 AND state <> 2`,
@@ -235,7 +245,7 @@ RETURNING txid_current()`,
 		release: `DELETE FROM ` + t + ` WHERE key = $1 AND token = $2 AND state <> 2`,
 		renew: `UPDATE ` + t + ` SET lease_until = ` + serverNow + ` + $3::bigint * interval '1 microsecond'
 WHERE key = $1 AND token = $2 AND state = 1`,
-		get:  `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key = $1 AND ` + live,
+		get:  `SELECT ` + seenNamed + ` FROM ` + t + ` WHERE key = $1 AND ` + live,
 		page: `SELECT ` + seenColumns + ` FROM ` + t + ` WHERE key > $1 ORDER BY key LIMIT $2`,
 		forget: `DELETE FROM ` + t + ` WHERE key = $1
     AND NOT (state = 1 AND (lease_until IS NULL OR lease_until > ` + serverNow + `))`,
@@ -275,7 +285,7 @@ FOR UPDATE`,
 		// first find another token.
 		resume: `UPDATE ` + t + ` SET token = $3, state = 1, lease_until = ` + after("$4") + `
 WHERE key = $1 AND token = $2 AND ` + seen + ` = 3
-RETURNING ` + columns,
+RETURNING ` + named,
 	}
 }
 
@@ -323,20 +333,61 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 	if err := b.nested(ctx); err != nil {
 		return backend.Record{}, false, err
 	}
-	args := []any{rec.Key, rec.Fingerprint[:], rec.Token, micros(lease), b.ttl.Load()}
+	c := &claimCall{key: textArg(rec.Key), token: textArg(rec.Token), print: rec.Fingerprint, lease: int64Arg(micros(lease)), ttl: int64Arg(b.ttl.Load())}
+	c.fp = c.print[:]
+	c.args = [...]any{&c.key, &c.fp, &c.token, &c.lease, &c.ttl}
+	c.extra = [...]any{&c.won, &c.expired}
 	// A claim that waits on the row of a transaction still open (a
 	// RunOnceTx) waits until it ends or ctx does, whatever the server's
 	// statement_timeout or lock_timeout (awaited).
-	c, err := awaited(ctx, func() (found, error) {
-		rec, won, err := b.claim(ctx, args)
-		return found{rec, won}, err
-	})
+	won, err := awaited(ctx, func() (bool, error) { return b.claim(ctx, c) })
 	if answered(err) {
 		// The server refused the statement, which it ran alone: it wrote
 		// nothing, and the Store need not read the key back.
 		return backend.Record{}, false, backend.Refuse(err)
 	}
-	return c.rec, c.ok, err
+	if err != nil {
+		return backend.Record{}, false, err
+	}
+	return c.got, won, nil
+}
+
+// A claimCall is what one Claim sends and reads, in one allocation: its
+// arguments, which args points to (pgx sends what a pointer points to;
+// a pointer in an interface allocates nothing, where a string, a slice or
+// an int64 above 255 does), and the row it reads back, whose key and
+// token, on a win, are the ones sent and are not copied again.
+type claimCall struct {
+	key, token   textArg
+	fp           bytesArg
+	print        [32]byte
+	lease, ttl   int64Arg
+	args         [5]any
+	won, expired bool
+	extra        [2]any
+	r            row
+	got          backend.Record
+}
+
+// textArg, bytesArg and int64Arg are arguments pgx sends by pointer, with
+// no allocation: pgx encodes a *string or an *int64 by boxing what it
+// points to (reflect), but calls the Valuer methods of these types as
+// they are.
+type (
+	textArg  string
+	bytesArg []byte
+	int64Arg int64
+)
+
+func (a *textArg) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*a), Valid: true}, nil
+}
+
+// BytesValue is nil, which pgx sends as NULL, for a nil slice.
+func (a *bytesArg) BytesValue() ([]byte, error) { return *a, nil }
+
+func (a *int64Arg) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*a), Valid: true}, nil
 }
 
 // A found is a record and whether it was found (Get) or won (Claim).
@@ -345,25 +396,41 @@ type found struct {
 	ok  bool
 }
 
-// claim claims the key args name, or returns the record that stands.
-func (b *Backend) claim(ctx context.Context, args []any) (backend.Record, bool, error) {
+// claim claims the key c names, or reads the record that stands, into
+// c.got, and reports whether it won.
+func (b *Backend) claim(ctx context.Context, c *claimCall) (bool, error) {
 	for {
-		var won, expired bool
-		got, found, err := b.queryOne(ctx, b.q.claim, args, &won, &expired)
+		found, err := b.queryClaim(ctx, b.q.claim, c)
 		switch {
 		case err != nil:
-			return backend.Record{}, false, err
-		case found && !expired:
-			return got, won, nil
+			return false, err
+		case found && !c.expired:
+			return c.won, nil
 		case found: // expired: take it over, unless another claim did first
-			if got, found, err = b.queryOne(ctx, b.q.takeOver, args, &won, &expired); err != nil || found {
-				return got, won, err
+			if found, err = b.queryClaim(ctx, b.q.takeOver, c); err != nil || found {
+				return c.won, err
 			}
 		}
 		if err := ctx.Err(); err != nil {
-			return backend.Record{}, false, err
+			return false, err
 		}
 	}
+}
+
+// queryClaim runs a claim's statement, which returns at most one record
+// after won and expired, into c, retried on a conflict.
+func (b *Backend) queryClaim(ctx context.Context, sql string, c *claimCall) (bool, error) {
+	return retried(ctx, func() (bool, error) {
+		rows, err := b.pool.Query(ctx, sql, c.args[:]...)
+		if err != nil {
+			return false, err
+		}
+		defer rows.Close()
+		c.r = row{key: string(c.key), token: string(c.token)}
+		var ok bool
+		c.got, ok, err = scanInto(rows, &c.r, c.extra[:])
+		return ok, err
+	})
 }
 
 // learn keeps the shortest TTL sent for the claims that follow: their
@@ -388,7 +455,16 @@ func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time,
 		return err
 	}
 	b.learn(ttl)
-	tag, err := b.exec(ctx, b.q.complete, rec.Key, rec.Token, micros(ttl), rec.Value, rec.Failed, rec.ErrMsg)
+	// One allocation for the arguments, which args points to (see
+	// claimCall).
+	c := &struct {
+		key, token, errMsg textArg
+		ttl                int64Arg
+		value              bytesArg
+		args               [6]any
+	}{key: textArg(rec.Key), token: textArg(rec.Token), errMsg: textArg(rec.ErrMsg), ttl: int64Arg(micros(ttl)), value: bytesArg(rec.Value)}
+	c.args = [...]any{&c.key, &c.token, &c.ttl, &c.value, rec.Failed, &c.errMsg}
+	tag, err := b.exec(ctx, b.q.complete, c.args[:]...)
 	return backend.Owned(tag.RowsAffected(), err, rec.Key)
 }
 
@@ -492,11 +568,17 @@ func scanOne(rows pgx.Rows, extra ...any) (backend.Record, bool, error) {
 
 // scanNext reads the next record of rows, if there is one.
 func scanNext(rows pgx.Rows, extra ...any) (backend.Record, bool, error) {
+	var r row
+	return scanInto(rows, &r, extra)
+}
+
+// scanInto is scanNext reading into r, whose key and token, if set, are
+// taken for the row's where they are the same (see row).
+func scanInto(rows pgx.Rows, r *row, extra []any) (backend.Record, bool, error) {
 	if !rows.Next() {
 		return backend.Record{}, false, rows.Err()
 	}
-	var r row
-	if err := scanRow(rows, &r, extra); err != nil {
+	if err := scanRow(rows, r, extra); err != nil {
 		return backend.Record{}, false, err
 	}
 	rec := r.rec

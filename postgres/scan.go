@@ -12,11 +12,19 @@ import (
 )
 
 // A row is a record's columns as they are read, before they are checked.
+//
+// key and token, set before a row is read, are the strings the row's key
+// and token are taken as where their bytes are the same (a claim's own),
+// with no copy. expires and lease point to expiresAt and leaseUntil when
+// they are not NULL. fp is the row's bytes, not a copy: it is read before
+// the next row.
 type row struct {
-	rec            backend.Record
-	fp, steps      []byte
-	state          int16
-	expires, lease *time.Time
+	rec                   backend.Record
+	fp, steps             []byte
+	state                 int16
+	expires, lease        *time.Time
+	key, token            string
+	expiresAt, leaseUntil time.Time
 }
 
 // scanRow reads rows' current row into r, after the leading columns given
@@ -50,16 +58,16 @@ func decodeRow(fds []pgconn.FieldDescription, vals [][]byte, r *row, extra []any
 	}
 	fds, vals = fds[len(extra):], vals[len(extra):]
 	var state int64
-	ok := text(fds[0], vals[0], &r.rec.Key) &&
-		bytea(fds[1], vals[1], &r.fp) && r.fp != nil &&
-		text(fds[2], vals[2], &r.rec.Token) &&
+	ok := text(fds[0], vals[0], &r.rec.Key, r.key) &&
+		byteaRef(fds[1], vals[1], &r.fp) && r.fp != nil &&
+		text(fds[2], vals[2], &r.rec.Token, r.token) &&
 		integer(fds[3], vals[3], &state) && state >= math.MinInt16 && state <= math.MaxInt16 &&
 		instant(fds[4], vals[4], &r.rec.CreatedAt) &&
-		nullInstant(fds[5], vals[5], &r.expires) &&
-		nullInstant(fds[6], vals[6], &r.lease) &&
+		nullInstant(fds[5], vals[5], &r.expires, &r.expiresAt) &&
+		nullInstant(fds[6], vals[6], &r.lease, &r.leaseUntil) &&
 		bytea(fds[7], vals[7], &r.rec.Value) &&
 		boolean(fds[8], vals[8], &r.rec.Failed) &&
-		text(fds[9], vals[9], &r.rec.ErrMsg) &&
+		text(fds[9], vals[9], &r.rec.ErrMsg, "") &&
 		fds[10].DataTypeOID == pgtype.ByteaOID && fds[10].Format == pgx.BinaryFormatCode
 	if !ok {
 		return false
@@ -70,12 +78,17 @@ func decodeRow(fds []pgconn.FieldDescription, vals [][]byte, r *row, extra []any
 }
 
 // text reads a text column in either format: pgx asks for text in text
-// form, which is the same bytes.
-func text(fd pgconn.FieldDescription, v []byte, dst *string) bool {
+// form, which is the same bytes. It is known where its bytes are known's
+// (a claim's own key and token), and then not copied.
+func text(fd pgconn.FieldDescription, v []byte, dst *string, known string) bool {
 	if v == nil || (fd.DataTypeOID != pgtype.TextOID && fd.DataTypeOID != pgtype.VarcharOID) {
 		return false
 	}
-	*dst = string(v)
+	if string(v) == known {
+		*dst = known
+	} else {
+		*dst = string(v)
+	}
 	return true
 }
 
@@ -87,6 +100,16 @@ func bytea(fd pgconn.FieldDescription, v []byte, dst *[]byte) bool {
 	if v != nil {
 		*dst = append(make([]byte, 0, len(v)), v...)
 	}
+	return true
+}
+
+// byteaRef is bytea without the copy: dst holds pgx's buffer, which the
+// next row reuses. NULL is nil.
+func byteaRef(fd pgconn.FieldDescription, v []byte, dst *[]byte) bool {
+	if fd.DataTypeOID != pgtype.ByteaOID || fd.Format != pgx.BinaryFormatCode {
+		return false
+	}
+	*dst = v
 	return true
 }
 
@@ -132,11 +155,12 @@ func instant(fd pgconn.FieldDescription, v []byte, dst *time.Time) bool {
 	return true
 }
 
-func nullInstant(fd pgconn.FieldDescription, v []byte, dst **time.Time) bool {
+// nullInstant decodes a timestamptz that may be NULL into *t, and points
+// dst to it; NULL leaves dst as it is (nil).
+func nullInstant(fd pgconn.FieldDescription, v []byte, dst **time.Time, t *time.Time) bool {
 	if v == nil {
 		return fd.DataTypeOID == pgtype.TimestamptzOID && fd.Format == pgx.BinaryFormatCode
 	}
-	t := new(time.Time)
 	if !instant(fd, v, t) {
 		return false
 	}

@@ -9,11 +9,16 @@
 //
 // A claim is one INSERT ... ON DUPLICATE KEY UPDATE under the primary
 // key, so InnoDB decides, atomically, which of many concurrent claims
-// wins; the others change nothing. On MariaDB (10.5 and later) the same
-// statement returns, with RETURNING, the record that stands, won or not:
-// one round trip. MySQL 8 has no INSERT ... RETURNING, and there the
-// claim reads the record after its insert: two. An expired record is
-// taken over by one conditional UPDATE. Complete, Release and Renew
+// wins; the others change nothing. The insert that wins reports the
+// instant it made the claim at (as its LAST_INSERT_ID), which is all the
+// claim's record needs: a new key is one round trip, which returns no
+// rows. One that meets a record reads it: two. On MariaDB (10.5 and later)
+// the same statement can return, with RETURNING, the record that stands,
+// won or not, in one round trip, but a result set costs a new key more
+// than the insert alone: a Backend whose recent claims mostly met a record
+// (replays) sends RETURNING, and the insert alone otherwise. MySQL 8 has
+// no INSERT ... RETURNING. An expired record is taken over by one
+// conditional UPDATE. Complete, Release and Renew
 // compare the claim's token in their WHERE clause, so a stale owner can
 // never write over a newer claim. So do RecordStep and Resume
 // (backend.Stepper): a record's steps are one encoded column, rewritten
@@ -84,7 +89,10 @@
 // The statements are the same on both but for the claim's RETURNING,
 // which New asks the server about (VERSION()); neither has UPDATE ...
 // RETURNING, so Resume reads its record back by its new token. The tests
-// run on MariaDB, the MySQL 8 shape of the claim included.
+// run on MariaDB, the MySQL 8 shape of the claim included. Every claim's
+// insert sets its session's LAST_INSERT_ID(), which code sharing the pool
+// should read only after an insert of its own on the same connection, as
+// MySQL prescribes anyway.
 //
 // RunOnceTx is the transactional mode: the key, the caller's own writes and
 // the outcome commit in one transaction.
@@ -138,6 +146,9 @@ type Backend struct {
 	// prep holds the statements of a new key and a replay, prepared
 	// (prepared.go); nil sends them as plain queries.
 	prep *prepared
+	// mix is how often claims lately met a record, which decides how
+	// the next claims are sent (claimOnce).
+	mix claimMix
 }
 
 var (
@@ -221,7 +232,7 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 	}
 	key, token, us := []byte(rec.Key), []byte(rec.Token), micros(lease)
 	for {
-		got, err := retried(ctx, func() (found, error) { return b.claimOnce(ctx, b.pooled(), key, rec.Fingerprint[:], token, us) })
+		got, err := retried(ctx, func() (found, error) { return b.claimOnce(ctx, b.pooled(), rec, key, token, us) })
 		switch {
 		case answered(err):
 			// The server refused the statement, which it ran alone: it
@@ -266,21 +277,47 @@ type querier interface {
 }
 
 // claimOnce inserts the claim unless the key has a record, and returns the
-// record that stands.
-func (b *Backend) claimOnce(ctx context.Context, q querier, key, fp, token []byte, lease int64) (found, error) {
-	if b.returning {
-		return queryOne(ctx, q, b.q.claim, []any{key, fp, token, lease})
+// record that stands, in one of two ways, whichever costs this Backend's
+// recent claims less (claimMix):
+//
+//   - The insert alone (an Exec), which reports, as its LAST_INSERT_ID,
+//     the instant it made the claim at, or 0 if the key had a record: a new
+//     key is one round trip that returns no rows, its lease that instant
+//     plus lease; a key that has a record is read back, a round trip more.
+//     MySQL 8, which has no INSERT ... RETURNING, always claims so.
+//   - On MariaDB, INSERT ... RETURNING: one round trip whether the key is
+//     new or not, but its answer is a result set, which database/sql
+//     watches, for a cancellable ctx (every Store's), from a goroutine of
+//     its own, and whose row is read and copied: for a new key, that costs
+//     more than the Exec.
+func (b *Backend) claimOnce(ctx context.Context, q querier, rec backend.Record, key, token []byte, lease int64) (found, error) {
+	if b.returning && b.mix.returning() {
+		f, err := queryOne(ctx, q, b.q.claim, []any{key, rec.Fingerprint[:], token, lease})
+		if err == nil {
+			b.mix.note(!f.ok || f.rec.Token != rec.Token)
+		}
+		return f, err
 	}
-	if _, err := q.ExecContext(ctx, b.q.insert, key, fp, token, lease); err != nil {
+	res, err := q.ExecContext(ctx, b.q.insert, key, rec.Fingerprint[:], token, lease)
+	if err != nil {
 		return found{}, err
 	}
+	if at, err := res.LastInsertId(); err == nil && at != 0 {
+		b.mix.note(false)
+		won := backend.Record{Key: rec.Key, Token: rec.Token, Fingerprint: rec.Fingerprint, State: backend.StatePending, CreatedAt: time.UnixMicro(at)}
+		if lease != 0 {
+			won.LeaseUntil = time.UnixMicro(at + lease)
+		}
+		return found{rec: won, ok: true}, nil
+	}
+	b.mix.note(true)
 	f, err := queryOne(ctx, q, b.q.get, []any{key})
-	if err == nil && f.ok && f.rec.Token == string(token) && f.rec.State == backend.StateInterrupted {
-		// The claim this call just inserted (or took over), read a round
-		// trip later, when a lease shorter than that has lapsed: the
-		// answer is the record as the insert left it, as RETURNING gives
-		// it, pending. (Its fate from here is the Store's, as for a reply
-		// that arrives late.)
+	if err == nil && f.ok && f.rec.Token == rec.Token && f.rec.State == backend.StateInterrupted {
+		// The claim this call inserted (or took over) in an earlier
+		// attempt whose reply was lost, read a round trip later, when a
+		// lease shorter than that has lapsed: the answer is the record as
+		// the insert left it, pending. (Its fate from here is the Store's,
+		// as for a reply that arrives late.)
 		f.rec.State = backend.StatePending
 	}
 	return f, err

@@ -21,7 +21,7 @@ func TestHTTPInTx(t *testing.T) {
 			httptxtest.Run(t, httptxtest.Harness{
 				New: func(t *testing.T, opts idem.Options) *httptxtest.Fixture {
 					b, table := testBackend(t, db)
-					b.returning = b.returning && shape.returning
+					shape.apply(b)
 					charges := table + "_charges"
 					_, err := db.Exec("CREATE TABLE " + charges + " (id BIGINT AUTO_INCREMENT PRIMARY KEY, amount BIGINT NOT NULL) ENGINE = InnoDB")
 					require.NoError(t, err)
@@ -37,7 +37,7 @@ func TestHTTPInTx(t *testing.T) {
 						Second: func(t *testing.T, opts idem.Options) *idem.Store[idemhttp.Response] {
 							b2, err := New(context.Background(), testDB(t), Options{Table: table}) // a pool of its own, as another process has
 							require.NoError(t, err)
-							b2.returning = b2.returning && shape.returning
+							shape.apply(b2)
 							return store(b2, opts)
 						},
 						Charge: func(ctx context.Context) (int64, error) {

@@ -11,8 +11,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// The statements of a new key and of a replay (the claim, or MySQL 8's
-// insert and read, and Complete) are sent as server-side prepared
+// The statements of a new key and of a replay (the claim's insert, its
+// RETURNING form, the read of a record it met, and Complete) are sent as server-side prepared
 // statements: the server parses and plans each once per connection, not
 // at every call, and answers in the binary protocol, whose numbers need no
 // parsing. These statements are long (the claim returns every column of

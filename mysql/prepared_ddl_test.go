@@ -22,7 +22,7 @@ func TestPreparedStatementsOutliveAlterTable(t *testing.T) {
 			db := testDB(t)
 			db.SetMaxOpenConns(2)
 			b, table := testBackend(t, db)
-			b.returning = b.returning && shape.returning
+			shape.apply(b)
 			ctx := context.Background()
 			round := func(key string) {
 				t.Helper()

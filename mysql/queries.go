@@ -28,7 +28,8 @@ const (
 	// state as seen, the instants in microseconds, and whether it expired.
 	seenColumns = "`key`, fingerprint, token, " + seen + `, ` + since + `created_at), ` + since + `expires_at), ` +
 		since + `lease_until), value, failed, err_msg, steps, ` + expired
-	since = `TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', ` // + column + ")"
+	epoch = `TIMESTAMP'1970-01-01 00:00:00'`
+	since = `TIMESTAMPDIFF(MICROSECOND, ` + epoch + `, ` // + column + ")"
 )
 
 // orEmpty is the SQL for a bytes parameter that may be empty: a server
@@ -69,8 +70,8 @@ type queries struct {
 
 func newQueries(t string, mariaDB bool) queries {
 	insert := `INSERT INTO ` + t + " (`key`, fingerprint, token, state, created_at, lease_until, value, failed, err_msg)" + `
-VALUES (?, ?, ?, 1, ` + serverNow + `, ` + in + `, NULL, FALSE, x'')
-ON DUPLICATE KEY UPDATE state = state`
+VALUES (?, ?, ?, 1, ` + epoch + ` + INTERVAL LAST_INSERT_ID(` + since + serverNow + `)) MICROSECOND, ` + in + `, NULL, FALSE, x'')
+ON DUPLICATE KEY UPDATE state = state + LAST_INSERT_ID(0)`
 	insert = briefly(insert, mariaDB)
 	return queries{
 		t: t,

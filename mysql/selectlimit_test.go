@@ -24,7 +24,7 @@ func TestReadsOfAKeyIgnoreTheSessionsSelectLimit(t *testing.T) {
 			db := testDB(t)
 			db.SetMaxOpenConns(1) // every statement on the connection SET below
 			b, _ := testBackend(t, db)
-			b.returning = b.returning && shape.returning
+			shape.apply(b)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			rec := backend.Record{Key: "done", Token: "t"}

@@ -31,7 +31,7 @@ func TestRunOnceTxSessionClock(t *testing.T) {
 			idemtest.RunSessionClock(t, idemtest.SessionClockHarness{
 				Backend: func(t *testing.T) backend.Backend {
 					b, _ := testBackend(t, db)
-					b.returning = b.returning && shape.returning
+					shape.apply(b)
 					return b
 				},
 				RunOnceTx: func(ctx context.Context, s *idem.Store[int], key string, payload any, fn func(context.Context, func(time.Duration) error) (int, error)) (int, error) {

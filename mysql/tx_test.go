@@ -39,7 +39,7 @@ func TestRunOnceTx(t *testing.T) {
 			txtest.Run(t, txtest.Harness{
 				New: func(t *testing.T, opts idem.Options) (*idem.Store[int], func() int) {
 					b, table := testBackend(t, db)
-					b.returning = b.returning && shape.returning
+					shape.apply(b)
 					name := moves(t, db, table)
 					opts.Backend = b
 					s := idem.New[int](opts)

@@ -1,23 +1,25 @@
 package idem
 
-import "time"
+import (
+	"time"
 
-// An entry is one key's claim in memory: in flight until its outcome is set,
-// then either removed (failure before commit) or kept as completed until it
-// expires.
+	"github.com/seed094d4201/idem/internal/lifecycle"
+)
+
+// An entry is one key's claim in memory. Its phase (internal/lifecycle)
+// says where it is: in flight until its outcome is set, then removed
+// (failure before commit, or recorded in the Backend), pinned until the
+// Backend takes it, or completed until it expires.
 type entry[R any] struct {
 	key   string
 	fp    Fingerprint // of the payload that claimed the key; immutable
 	shard *shard[R]   // holds the entry; immutable, saves hashing the key again
 
 	// Guarded by shard.mu.
-	completed bool // the outcome is final and replays until expires
-	// unconfirmed: the entry's claim may yet fail in the Backend, which may
-	// hold the key for another payload (table.claim).
-	unconfirmed bool
-	expires     time.Time      // set when completed; zero for a pinned entry, which stays until unpinned
-	run         *expiryList[R] // the expiry run holding the entry; nil while in flight or pinned
-	prev, next  *entry[R]      // neighbours in run
+	phase      lifecycle.Phase // written only by table.move
+	expires    time.Time       // set when Completed
+	run        *expiryList[R]  // the expiry run holding the entry; nil while in flight or pinned
+	prev, next *entry[R]       // neighbours in run
 
 	// done is closed once the outcome is set. The first caller that needs to
 	// wait makes it, under shard.mu, and it is never replaced, so a claim can
@@ -30,7 +32,7 @@ type entry[R any] struct {
 	// never replaced, so it is read unlocked like done.
 	checked chan struct{}
 
-	// Written only by the execution, before completed is set or done is
+	// Written only by the execution, before its phase leaves flight or done is
 	// closed; read only after observing either.
 	val    R
 	err    error

@@ -1,10 +1,13 @@
 package idem
 
 import (
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/seed094d4201/idem/internal/lifecycle"
 )
 
 // numShards splits the claim table so that goroutines working on different
@@ -20,6 +23,12 @@ const sweepBatch = 256
 // locked. Tests use it to make a sweep panic.
 var testHookSweepBatch func()
 
+// testHookMove, if set, hears every move of an entry, with the shard
+// locked. Tests use it to see the lifecycle's transitions made.
+// Atomic: a store left running by an earlier test may move entries while
+// a test sets it.
+var testHookMove atomic.Pointer[func(key string, from lifecycle.Phase, ev lifecycle.Event, m lifecycle.Move)]
+
 // claimKind says what a claim found.
 type claimKind int
 
@@ -31,8 +40,8 @@ const (
 )
 
 // A table is the claim table: every key's entry, split across shards. Its
-// methods are the only code that changes an entry's state, so a backend can
-// later slot in behind the same three moves: claim, complete, release.
+// methods are the only code that changes an entry's state, each through
+// move, which makes the transition internal/lifecycle's table names.
 type table[R any] struct {
 	seed    maphash.Seed
 	maxKeys int64          // 0: unbounded
@@ -84,30 +93,49 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone, un
 		return nil, 0, ErrClosed
 	}
 	if e := sh.entries[key]; e != nil {
-		switch {
-		case e.completed && !e.expires.IsZero() && !now.Before(e.expires):
-			t.removeLocked(sh, e) // expired: the key is free again
-		case e.fp != fp && (e.completed || !e.unconfirmed):
-			return nil, 0, ErrPayloadMismatch
-		case e.completed:
-			return e, claimReplay, nil
-		default:
-			if e.done == nil {
-				e.done = make(chan struct{})
-			}
+		if e.phase == lifecycle.Completed && !now.Before(e.expires) {
+			t.move(e, lifecycle.Expire)
+			t.drop(sh, e) // the key is free again
+		} else {
+			ev := lifecycle.Call
 			if e.fp != fp {
+				ev = lifecycle.CallOther
+			}
+			switch a := t.move(e, ev); a {
+			case lifecycle.Mismatch:
+				return nil, 0, ErrPayloadMismatch
+			case lifecycle.Replay:
+				return e, claimReplay, nil
+			case lifecycle.Wait, lifecycle.Recheck:
+				if e.done == nil {
+					e.done = make(chan struct{})
+				}
+				if a == lifecycle.Wait {
+					return e, claimWait, nil
+				}
 				if e.checked == nil {
 					e.checked = make(chan struct{})
 				}
 				return e, claimRecheck, nil
+			default:
+				return nil, 0, strayMove(e.phase, ev)
 			}
-			return e, claimWait, nil
 		}
 	}
 	if t.maxKeys > 0 && !t.reserve() {
 		return nil, 0, ErrFull
 	}
-	e := &entry[R]{key: key, fp: fp, shard: sh, unconfirmed: unconfirmed}
+	e := &entry[R]{key: key, fp: fp, shard: sh}
+	ev := lifecycle.Claim
+	if unconfirmed {
+		ev = lifecycle.ClaimDurable
+	}
+	if t.move(e, ev) != lifecycle.Own {
+		if t.maxKeys > 0 {
+			t.keys.Add(-1)
+		}
+		return nil, 0, strayMove(lifecycle.Absent, ev)
+	}
 	if wantDone {
 		e.done = make(chan struct{})
 	}
@@ -116,14 +144,34 @@ func (t *table[R]) claim(key string, fp Fingerprint, now time.Time, wantDone, un
 	return e, claimOwner, nil
 }
 
+// move makes the transition ev makes from e's phase and returns what the
+// caller is told; a move the lifecycle lacks changes nothing. It is the
+// only writer of an entry's phase. The caller holds e.shard.mu.
+func (t *table[R]) move(e *entry[R], ev lifecycle.Event) lifecycle.Answer {
+	from := e.phase
+	m := lifecycle.Next(from, ev)
+	if m.Answer != lifecycle.Invalid {
+		e.phase = m.To
+	}
+	if hear := testHookMove.Load(); hear != nil {
+		(*hear)(e.key, from, ev, m)
+	}
+	return m.Answer
+}
+
+// strayMove is the error a call gets when the lifecycle has no move for
+// it: a defect in this package, which lifecycle.Strays counts.
+func strayMove(p lifecycle.Phase, ev lifecycle.Event) error {
+	return fmt.Errorf("idem: internal error: the key's lifecycle has no move for %v on %v", ev, p)
+}
+
 // confirm marks e's payload as the key's: its claim landed.
 func (t *table[R]) confirm(e *entry[R]) {
 	sh := e.shard
 	sh.mu.Lock()
-	if e.unconfirmed && e.checked != nil {
+	if t.move(e, lifecycle.Confirm) == lifecycle.Done && e.checked != nil {
 		close(e.checked) // the callers with another payload are refused now
 	}
-	e.unconfirmed = false
 	sh.mu.Unlock()
 }
 
@@ -147,8 +195,10 @@ func (t *table[R]) reserve() bool {
 func (t *table[R]) complete(e *entry[R], expires time.Time) {
 	sh := e.shard
 	sh.mu.Lock()
-	e.completed, e.expires = true, expires
-	sh.addToRuns(e)
+	if t.move(e, lifecycle.Complete) == lifecycle.Done {
+		e.expires = expires
+		sh.addToRuns(e)
+	}
 	if e.done != nil {
 		close(e.done)
 	}
@@ -187,7 +237,7 @@ func (sh *shard[R]) addToRuns(e *entry[R]) {
 func (t *table[R]) pin(e *entry[R]) {
 	sh := e.shard
 	sh.mu.Lock()
-	e.completed = true // with a zero expires: pinned
+	t.move(e, lifecycle.Pin)
 	if e.done != nil {
 		close(e.done)
 	}
@@ -204,13 +254,14 @@ func (t *table[R]) unpin(e *entry[R]) bool {
 	sh := e.shard
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	switch {
-	case sh.entries[e.key] != e:
-		return true
-	case !e.completed:
+	from := e.phase
+	switch t.move(e, lifecycle.Unpin) {
+	case lifecycle.NotYet:
 		return false
-	case e.expires.IsZero():
-		t.removeLocked(sh, e)
+	case lifecycle.Done:
+		if from != lifecycle.Absent {
+			t.drop(sh, e)
+		}
 	}
 	return true
 }
@@ -220,9 +271,8 @@ func (t *table[R]) unpin(e *entry[R]) bool {
 func (t *table[R]) release(e *entry[R]) {
 	sh := e.shard
 	sh.mu.Lock()
-	delete(sh.entries, e.key)
-	if t.maxKeys > 0 {
-		t.keys.Add(-1)
+	if t.move(e, lifecycle.Release) == lifecycle.Done {
+		t.drop(sh, e)
 	}
 	if e.done != nil {
 		close(e.done)
@@ -237,7 +287,7 @@ func (t *table[R]) owns(e *entry[R]) bool {
 	sh := e.shard
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return sh.entries[e.key] == e && !e.completed
+	return e.phase.InFlight()
 }
 
 // inFlight reports whether key has an execution in flight in this table.
@@ -246,7 +296,7 @@ func (t *table[R]) inFlight(key string) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.entries[key]
-	return e != nil && !e.completed
+	return e != nil && e.phase.InFlight()
 }
 
 // forget removes key's completed entry. A key in flight is refused with
@@ -259,16 +309,23 @@ func (t *table[R]) forget(key string) error {
 	switch {
 	case sh.closed:
 		return ErrClosed
-	case e != nil && !e.completed:
-		return ErrKeyHeld
-	case e != nil:
-		t.removeLocked(sh, e)
+	case e == nil:
+		return nil
 	}
-	return nil
+	switch ev := lifecycle.Forget; t.move(e, ev) {
+	case lifecycle.Held:
+		return ErrKeyHeld
+	case lifecycle.Done:
+		t.drop(sh, e)
+		return nil
+	default:
+		return strayMove(e.phase, ev)
+	}
 }
 
-// removeLocked drops the completed entry e. The caller holds sh.mu.
-func (t *table[R]) removeLocked(sh *shard[R], e *entry[R]) {
+// drop removes e, which has just moved to Absent, from sh. The caller
+// holds sh.mu.
+func (t *table[R]) drop(sh *shard[R], e *entry[R]) {
 	if e.run != nil { // pinned entries are on no run
 		e.run.remove(e)
 	}
@@ -307,7 +364,8 @@ func (t *table[R]) sweepBatch(sh *shard[R], now time.Time) int {
 	n := 0
 	for _, run := range sh.runs {
 		for e := run.head; e != nil && n < sweepBatch && !now.Before(e.expires); e = run.head {
-			t.removeLocked(sh, e)
+			t.move(e, lifecycle.Expire)
+			t.drop(sh, e)
 			n++
 		}
 	}
@@ -344,9 +402,9 @@ func (t *table[R]) held() (inFlight, pinned int) {
 		sh.mu.Lock()
 		for _, e := range sh.entries {
 			switch {
-			case !e.completed:
+			case e.phase.InFlight():
 				inFlight++
-			case e.expires.IsZero():
+			case e.phase == lifecycle.Pinned:
 				pinned++
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/internal/lifecycle"
 	"pgregory.net/rapid"
 )
 
@@ -80,6 +81,9 @@ func (w *world) invariant(rt *rapid.T) {
 	if v := w.hist.judge(); len(v) > 0 {
 		w.failing.Store(true)
 		rt.Fatalf("%s\n\nhistory:\n%s", v[0], w.hist.trace())
+	}
+	if n, last := lifecycle.Strays(); n > w.strays {
+		w.fail(rt, "a store made %d moves its key lifecycle (internal/lifecycle) lacks, the last %s", n-w.strays, last)
 	}
 }
 

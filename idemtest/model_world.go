@@ -12,6 +12,7 @@ import (
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/backend"
+	"github.com/seed094d4201/idem/internal/lifecycle"
 	"pgregory.net/rapid"
 )
 
@@ -35,6 +36,7 @@ type world struct {
 	t       *testing.T
 	rt      *rapid.T
 	failing *atomic.Bool // a failure was found: rapid is shrinking it
+	strays  int          // lifecycle.Strays as the sequence began
 	h       Harness
 	b       backend.Backend // nil for memory only
 
@@ -91,6 +93,7 @@ var sequences atomic.Int64
 func newWorld(t *testing.T, rt *rapid.T, h Harness, failing *atomic.Bool) *world {
 	w := emptyWorld(t, fmt.Sprintf("m%d-%d", time.Now().UnixNano()%1e6, sequences.Add(1)))
 	w.rt, w.h, w.failing = rt, h, failing
+	w.strays, _ = lifecycle.Strays()
 	if h.Backend != nil {
 		w.b = sharedBackend(t, h)
 	}

@@ -63,7 +63,8 @@
 // server that never answers (go-redis alone would wait for its socket
 // timeouts, and ends a command at a cancellation never). A call whose ctx
 // can end is waited on from a goroutine of its own, which it leaves when
-// ctx ends: the command goes on in the background until the client gives
+// ctx ends (the backend's senders, each of which waits 50 ms for another
+// command after one, and then ends): the command goes on in the background until the client gives
 // up on it (its socket timeouts), and may still land, which the Store
 // settles by the claim's token as it does a lost reply. A call whose ctx
 // can never end runs in the caller's goroutine. A call whose ctx had
@@ -121,6 +122,7 @@ type Backend struct {
 	legacyIndex string
 	legacyGone  atomic.Bool
 	dials       *dialWatch // a hook on rdb: how its latest dial ended
+	senders     senders    // the goroutines calls whose ctx can end are sent from
 	// policy checks, before a claim, that no primary evicts keys; nil
 	// with Options.AllowEviction.
 	policy *policyCheck
@@ -156,7 +158,8 @@ func New(rdb redis.UniversalClient, opts Options) *Backend {
 	}
 	dials := new(dialWatch)
 	rdb.AddHook(dials)
-	b := &Backend{rdb: rdb, prefix: prefix, legacyIndex: prefix + "expiry", dials: dials}
+	b := &Backend{rdb: rdb, prefix: prefix, legacyIndex: prefix + "expiry", dials: dials,
+		senders: senders{next: make(chan *evalCmd)}}
 	_, single := rdb.(*redis.Client)
 	b.routed = !single
 	if !opts.AllowEviction {

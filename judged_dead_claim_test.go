@@ -25,10 +25,6 @@ import (
 // ErrInProgress to every 400 ms call, the same store having answered
 // ErrOutcomeUnknown to a 2 s one a moment before.)
 func TestAClaimJudgedDeadStaysJudgedForShortCallers(t *testing.T) {
-	// It fails until judgedDead (owner.go) lapses a watched lapsed claim
-	// too; that change is proposed to owner.go's maintainers, who remove
-	// this skip with it.
-	t.Skip("pending owner.go: judgedDead lapses a lapsed claim it judged (proposed diff)")
 	const lease = 300 * time.Millisecond
 	clock := idemtest.NewClock(time.Now().UTC().Truncate(time.Second))
 	mem := idemtest.NewMemoryBackend()

@@ -126,7 +126,14 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 		}
 		t.e = e
 		orig := t.ctx
-		t.ctx, t.op = s.withOperation(t.ctx, key)
+		if wantDone && !local {
+			// RunOnce's caller that may leave: its ticket goes to the heap
+			// with its operation, in one allocation.
+			t.run = new(detachedRun[R])
+			t.ctx, t.op = withOperationIn(&t.run.op, t.ctx, key, s.opts.Codec)
+		} else {
+			t.ctx, t.op = s.withOperation(t.ctx, key)
+		}
 		if s.opts.Backend == nil || local {
 			t.startSpan()
 			return nil
@@ -137,6 +144,14 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 		}
 		return err
 	}
+}
+
+// withOperationIn is withOperation with the operation made in op, part of
+// an allocation of the caller's: it must set what withOperation sets.
+func withOperationIn(op *operation, ctx context.Context, key string, codec Codec) (context.Context, *operation) {
+	op.key, op.codec = key, codec
+	op.ctx = opContext{Context: ctx, op: op}
+	return &op.ctx, op
 }
 
 // errExited is why an outcome was not recorded when the Observer or the
@@ -215,6 +230,16 @@ func (s *Store[R]) workContext(ctx context.Context, d *detached) (context.Contex
 // settled all the same, by the deferred guard, so that it is not left in
 // flight with Close waiting for it.
 func (s *Store[R]) finish(t *Ticket[R], val R, err error) (R, error) {
+	if t.claim == nil && s.opts.Observer == nil && s.sysClock {
+		// No user code runs from here on (no Backend write, no Observer,
+		// no Codec, the system clock): nothing can end the goroutine
+		// before the key is settled, so there is nothing to guard.
+		if t.op != nil {
+			t.op.end()
+		}
+		s.settleEntry(t, val, err, isFinalOutcome(err), false)
+		return val, err
+	}
 	e := t.e
 	if s.opts.Observer != nil {
 		// The Observer hears the end last, after the waiters woke and the

@@ -19,6 +19,9 @@ type Store[R any] struct {
 	closed atomic.Bool // set by Close before the table refuses claims
 
 	misuse error // why the options cannot run as asked; every claim returns it
+	// sysClock: Options.Now was nil, so the clock is time.Now, which
+	// neither panics nor ends the goroutine.
+	sysClock bool
 
 	closeOnce sync.Once
 	closeDone chan struct{} // closed once closing has finished
@@ -62,6 +65,7 @@ func New[R any](opts Options) *Store[R] {
 		stop:      make(chan struct{}),
 		closeDone: make(chan struct{}),
 		recorded:  make(chan struct{}, 1),
+		sysClock:  opts.Now == nil,
 	}
 	s.table = newTable[R](s.opts.MaxKeys)
 	if s.opts.Backend != nil {
@@ -123,11 +127,13 @@ func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func
 		}
 		return t.do(t.work, fn)
 	}
-	e, h := t.e, t.detach()
+	e, r := t.e, t.detach()
+	h := &r.t
 	if h.work == nil {
 		h.work, h.cancel = s.workContext(h.ctx, &h.detached)
 	}
-	go h.do(h.work, fn)
+	r.fn = fn
+	go r.run()
 	if err := wait(ctx, e); err != nil {
 		return zero, err
 	}

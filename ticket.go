@@ -70,6 +70,10 @@ type Ticket[R any] struct {
 	endSpan  func(error) // ends the Observer's "idem.execute" span; nil without one
 	begun    bool        // the Observer was told the execution began (Executing +1)
 
+	// run, for a RunOnce caller that may leave, is where its ticket goes
+	// when fn is handed to a goroutine; nil otherwise.
+	run *detachedRun[R]
+
 	finished  bool // set by the first Finish or Release
 	finalizer bool // a finalizer is set: Begin and beginLocal's tickets
 	val       R    // the replayed outcome, or what Finish returned
@@ -308,12 +312,30 @@ func call[R any](ctx context.Context, fn func(context.Context) (R, error)) (val 
 	return val, err, true
 }
 
+// A detachedRun is a RunOnce execution that its caller may leave: the
+// ticket its goroutine finishes, the operation its fn's context carries
+// and fn, in one allocation. claimKey makes it once the key is claimed for
+// such a caller (wantDone), and RunOnce copies the caller's ticket into it.
+type detachedRun[R any] struct {
+	t  Ticket[R]
+	op operation
+	fn func(context.Context) (R, error)
+}
+
+// run is the detached goroutine: it runs fn and finishes the ticket.
+func (r *detachedRun[R]) run() { r.t.do(r.t.work, r.fn) }
+
 // detach returns a copy of t on the heap, for a goroutine to finish while
-// t itself stays on its caller's stack.
-func (t *Ticket[R]) detach() *Ticket[R] {
-	h := new(Ticket[R])
-	*h = *t
-	return h
+// t itself stays on its caller's stack: in the detachedRun claimKey made
+// for it, which already holds its operation.
+func (t *Ticket[R]) detach() *detachedRun[R] {
+	r := t.run
+	if r == nil {
+		r = new(detachedRun[R])
+	}
+	r.t = *t
+	r.t.run = nil
+	return r
 }
 
 // detached is a context with its parent's values but not its deadline nor

@@ -36,7 +36,10 @@
 // A retried delivery arrives from the default exchange, routed by its
 // retry queue; the copy keeps the original's exchange and routing key in
 // headers (x-idem-exchange, x-idem-routing-key), and the handler, Key and
-// Payload see the original's. Delays past seven days wait seven days. A
+// Payload see the original's. Its user_id is the original's only if that
+// is the consumer's own user: the broker refuses a copy that claims
+// another's, so a message from another user is retried without one.
+// Delays past seven days wait seven days. A
 // copy that cannot be made (the broker refuses it) puts the delivery back
 // after its delay or five seconds, whichever is less.
 //

@@ -14,6 +14,7 @@ import (
 // confirm mode publishing the copies that retries wait in.
 type session struct {
 	queue   string
+	user    string // the connection's user, by its SASL mechanism; "" if it names none
 	consume *amqp.Channel
 	publish *amqp.Channel
 	ended   chan struct{} // closed when the session stops taking deliveries
@@ -22,7 +23,7 @@ type session struct {
 // open opens a session on conn: the queue declared if asked, the prefetch
 // set, the publisher confirms on.
 func open(conn *amqp.Connection, opts Options) (*session, error) {
-	s := &session{queue: opts.Queue, ended: make(chan struct{})}
+	s := &session{queue: opts.Queue, user: userOf(conn), ended: make(chan struct{})}
 	var err error
 	if s.consume, err = conn.Channel(); err != nil {
 		return nil, err
@@ -109,7 +110,7 @@ func (s *session) copyToRetry(ctx context.Context, d amqp.Delivery, delay time.D
 	// declared, and a returned copy would be confirmed all the same.
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	conf, err := s.publish.PublishWithDeferredConfirmWithContext(pctx, "", name, false, false, copyOf(d))
+	conf, err := s.publish.PublishWithDeferredConfirmWithContext(pctx, "", name, false, false, copyOf(d, s.user))
 	if err != nil {
 		return fmt.Errorf("publishing to %s: %w", name, err)
 	}
@@ -136,19 +137,43 @@ const (
 	routingKeyHeader = "x-idem-routing-key"
 )
 
+// userOf returns the user conn authenticated as, if its SASL mechanism
+// names one.
+func userOf(conn *amqp.Connection) string {
+	for _, a := range conn.Config.SASL {
+		switch a := a.(type) {
+		case *amqp.PlainAuth:
+			return a.Username
+		case *amqp.AMQPlainAuth:
+			return a.Username
+		}
+	}
+	return ""
+}
+
 // copyOf is d as a new publishing, persistent, with its exchange and
-// routing key in headers.
-func copyOf(d amqp.Delivery) amqp.Publishing {
+// routing key in headers, published by user. Its user_id is d's only if
+// it is user: RabbitMQ refuses a publishing whose user_id is not the
+// publishing connection's user (PRECONDITION_FAILED, which closes the
+// channel), and a message from another producer's user would never be
+// retried. It is dropped, not carried in a header, since a retried
+// delivery's user_id is the broker's word, and a header any publisher
+// can forge.
+func copyOf(d amqp.Delivery, user string) amqp.Publishing {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
 	headers[exchangeHeader], headers[routingKeyHeader] = d.Exchange, d.RoutingKey
+	userID := ""
+	if d.UserId == user {
+		userID = d.UserId
+	}
 	return amqp.Publishing{
 		Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
 		DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
 		ReplyTo: d.ReplyTo, MessageId: d.MessageId, Timestamp: d.Timestamp,
-		Type: d.Type, UserId: d.UserId, AppId: d.AppId, Body: d.Body,
+		Type: d.Type, UserId: userID, AppId: d.AppId, Body: d.Body,
 	}
 }
 

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/seed094d4201/idem/idemhttp"
@@ -65,7 +67,7 @@ func inline(b []byte) string {
 	case json.Valid(b):
 		var compact bytes.Buffer
 		if json.Compact(&compact, b) == nil {
-			return compact.String()
+			return escapeControls(compact.String()) // a JSON string may hold DEL and C1 controls as they are
 		}
 	case utf8.Valid(b):
 		return fmt.Sprintf("%q", b)
@@ -87,7 +89,8 @@ func writeHeader(w io.Writer, what string, h map[string][]string) {
 }
 
 // writeBody prints a response body indented: JSON indented, other UTF-8
-// text as it is, anything else in hex.
+// text as it is, anything else in hex; control characters but newlines and
+// tabs escaped (escapeControls).
 func writeBody(w io.Writer, body []byte) {
 	var out string
 	var ind bytes.Buffer
@@ -99,5 +102,28 @@ func writeBody(w io.Writer, body []byte) {
 	default:
 		out = fmt.Sprintf("hex %x", body)
 	}
-	fmt.Fprintf(w, "    %s\n", out)
+	fmt.Fprintf(w, "    %s\n", escapeControls(out))
 }
+
+// escapeControls returns s with its control characters (C0, DEL, C1) but
+// newline and tab written as Go writes them in a string literal (\x1b,
+// \r, \u009b): a body is what a client chose, and must not reach the
+// operator's terminal as escape sequences, nor a carriage return print
+// over what idem says.
+func escapeControls(s string) string {
+	if !strings.ContainsFunc(s, isEscaped) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if isEscaped(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func isEscaped(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' }

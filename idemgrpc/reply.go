@@ -158,7 +158,9 @@ func marshalAny(m proto.Message, size int) (wire, value []byte, err error) {
 	wire = protowire.AppendTag(wire, anyValue, protowire.BytesType)
 	wire = protowire.AppendVarint(wire, uint64(size))
 	start := len(wire)
-	if wire, err = (proto.MarshalOptions{}).MarshalAppend(wire, m); err != nil {
+	// Sizes cached by the proto.Size just made: the encoding walks the
+	// message once, not once more for every nested length.
+	if wire, err = (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend(wire, m); err != nil {
 		return nil, nil, err
 	}
 	if got := len(wire) - start; got != size {

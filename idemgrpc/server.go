@@ -224,8 +224,7 @@ var (
 )
 
 func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	keys := md.Get(KeyHeader)
+	keys := metadata.ValueFromIncomingContext(ctx, KeyHeader) // the key's values alone, not a copy of all metadata
 	switch {
 	case len(keys) == 0 && s.opts.Required:
 		return nil, status.Error(codes.InvalidArgument, "this call needs an idempotency-key")

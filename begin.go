@@ -86,9 +86,11 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 		return fmt.Errorf("%w: %w", ErrInvalidPayload, err)
 	}
 	t.s, t.ctx = s, ctx
-	for {
-		if err := ctx.Err(); err != nil { // only after a yield: checked above
-			return fmt.Errorf("%w: %w", ErrInProgress, err)
+	for again := false; ; again = true {
+		if again { // the first claim's ctx was checked above
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("%w: %w", ErrInProgress, err)
+			}
 		}
 		e, kind, err := s.claim(key, fp, wantDone)
 		if err == ErrFull && s.opts.Backend != nil {
@@ -336,7 +338,7 @@ func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) 
 	case pin:
 		s.table.pin(e)
 	case final && s.opts.Backend == nil:
-		s.table.complete(e, s.opts.Now().Add(s.opts.TTL))
+		s.table.complete(e, s.now().Add(s.opts.TTL))
 	default:
 		s.table.release(e)
 	}

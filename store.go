@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A Store runs each keyed operation at most once and remembers its outcome.
@@ -143,7 +144,7 @@ func (s *Store[R]) RunOnce(ctx context.Context, key string, payload any, fn func
 // claim claims key in the table. A full table is swept of expired entries
 // once before ErrFull is returned, since those entries hold no live key.
 func (s *Store[R]) claim(key string, fp Fingerprint, wantDone bool) (*entry[R], claimKind, error) {
-	now := s.opts.Now()
+	now := s.now()
 	unconfirmed := s.opts.Backend != nil
 	e, kind, err := s.table.claim(key, fp, now, wantDone, unconfirmed)
 	if err == ErrFull {
@@ -152,6 +153,14 @@ func (s *Store[R]) claim(key string, fp Fingerprint, wantDone bool) (*entry[R], 
 		}
 	}
 	return e, kind, err
+}
+
+// now is Options.Now, called directly when it is the system clock.
+func (s *Store[R]) now() time.Time {
+	if s.sysClock {
+		return time.Now()
+	}
+	return s.opts.Now()
 }
 
 // Forget drops key's remembered outcome, in memory and in the Backend, so the

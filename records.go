@@ -52,21 +52,48 @@ func (s *Store[R]) Records(ctx context.Context, states ...backend.RecordState) i
 		} else if len(states) > 0 && !slices.ContainsFunc(states, func(st backend.RecordState) bool { return st != backend.StateInterrupted }) {
 			passes = passes[:1]
 		}
+		// The loop body is called no more once it stopped (returned false,
+		// panicked), whatever the Backend's Each does with the error that
+		// says so: one that goes on, or hands back another error, must not
+		// make the loop go on (a runtime error), nor swallow its panic.
+		stopped, panicked := false, false
+		var bodyPanic any
+		body := func(rec backend.Record) bool {
+			returned := false
+			defer func() {
+				if !returned {
+					stopped = true
+					if v := recover(); v != nil { // else runtime.Goexit: it goes on
+						panicked, bodyPanic = true, v
+						panic(v)
+					}
+				}
+			}()
+			more := yield(rec, nil)
+			returned = true
+			stopped = !more
+			return more
+		}
 		for _, keep := range passes {
 			err := lister.Each(ctx, func(rec backend.Record) error {
+				if stopped {
+					return errListingStopped
+				}
 				seen, ok, err := s.seen(ctx, lister, rec)
 				switch {
 				case err != nil:
 					return err
 				case !ok || !keep(seen.State):
 					return nil
-				case !yield(seen, nil):
+				case !body(seen):
 					return errListingStopped
 				}
 				return nil
 			})
 			switch {
-			case errors.Is(err, errListingStopped):
+			case panicked: // the Backend recovered the loop body's panic
+				panic(bodyPanic)
+			case stopped || errors.Is(err, errListingStopped):
 				return
 			case err != nil:
 				yield(backend.Record{}, &BackendError{Op: "list", Err: err})

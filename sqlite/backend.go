@@ -307,8 +307,13 @@ func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.R
 	}
 	// One read of one row, which never waits for a lock in WAL mode: not
 	// worth the goroutines that database/sql and the driver start to
-	// watch a ctx that can end, which cost more than the read itself.
-	ctx = context.WithoutCancel(ctx)
+	// watch a ctx that can end, which cost more than the read itself. But
+	// on a pool with a bound (db.SetMaxOpenConns) the read may wait for a
+	// connection, which a write holds for as long as another process keeps
+	// the write lock: then ctx must end the wait.
+	if b.db.Stats().MaxOpenConnections == 0 {
+		ctx = context.WithoutCancel(ctx)
+	}
 	rec, found, err := scanOne(b.query(ctx, nil, b.q.get, key))
 	if err != nil || !found {
 		return backend.Record{}, false, closedErr(err)

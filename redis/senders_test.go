@@ -28,6 +28,6 @@ func TestSendersEndOnceIdle(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Positive(t, b.senders.live.Load(), "no sender waits for the next command")
-	require.Eventually(t, func() bool { return b.senders.live.Load() == 0 }, 20*senderIdle, senderIdle/10,
-		"senders still running %v after the last call", 20*senderIdle)
+	require.Eventually(t, func() bool { return b.senders.live.Load() == 0 }, 100*senderIdle, senderIdle/10,
+		"senders still running %v after the last call", 100*senderIdle)
 }

@@ -95,7 +95,6 @@ type settler interface {
 
 // handle decides d with decide, given its key and payload, and settles it.
 func (c *Consumer[R]) handle(ctx context.Context, s settler, d amqp.Delivery, decide func(ctx context.Context, key string, payload any) idemqueue.Decision) (idemqueue.Decision, error) {
-	d = restored(d)
 	var dec idemqueue.Decision
 	if key, payload, err := c.identify(d); err != nil {
 		dec = c.q.Decide(ctx, key, err)

@@ -34,12 +34,15 @@
 // that the delays a Reconcile hook invents do not pile up queues.
 //
 // A retried delivery arrives from the default exchange, routed by its
-// retry queue; the copy keeps the original's exchange and routing key in
-// headers (x-idem-exchange, x-idem-routing-key), and the handler, Key and
-// Payload see the original's. Its user_id is the original's only if that
-// is the consumer's own user: the broker refuses a copy that claims
-// another's, so a message from another user is retried without one.
-// Delays past seven days wait seven days. A
+// retry queue; the copy keeps the original's exchange, routing key and
+// user_id in headers (x-idem-exchange, x-idem-routing-key,
+// x-idem-user-id), and the handler, Key and Payload see the original's.
+// The copy's own user_id is the consumer's user, as the broker requires,
+// and is how a retried copy is told from a message whose producer set
+// those headers itself, which are not believed: a consumer that logs in
+// with EXTERNAL (its user unknown to the client) gives its retried
+// deliveries as they arrive, from the default exchange. Delays past seven
+// days wait seven days. A
 // copy that cannot be made (the broker refuses it) puts the delivery back
 // after its delay or five seconds, whichever is less.
 //

@@ -126,7 +126,7 @@ func (c *Consumer[R]) session(ctx context.Context, dial func(context.Context) (*
 			if !ok {
 				return errClosed
 			}
-			d = restored(d) // for the handler too, which decider(d) binds
+			d = restored(d, s.user) // for the handler too, which decider(d) binds
 			slots <- struct{}{}
 			wg.Add(1)
 			go func() {

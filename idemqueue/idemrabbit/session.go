@@ -129,12 +129,14 @@ func retryQueue(queue string, ms int64) string {
 	return queue + ".retry." + strconv.FormatInt(ms, 10)
 }
 
-// The headers a copy keeps its original's exchange and routing key in: a
-// retried delivery arrives from the default exchange, routed by its retry
-// queue, and handle gives the handler the original's back.
+// The headers a copy keeps its original's exchange, routing key and
+// user_id in: a retried delivery arrives from the default exchange, routed
+// by its retry queue, published by the consumer's user, and Run gives the
+// handler the original's back.
 const (
 	exchangeHeader   = "x-idem-exchange"
 	routingKeyHeader = "x-idem-routing-key"
+	userIDHeader     = "x-idem-user-id"
 )
 
 // userOf returns the user conn authenticated as, if its SASL mechanism
@@ -151,39 +153,46 @@ func userOf(conn *amqp.Connection) string {
 	return ""
 }
 
-// copyOf is d as a new publishing, persistent, with its exchange and
-// routing key in headers, published by user. Its user_id is d's only if
-// it is user: RabbitMQ refuses a publishing whose user_id is not the
-// publishing connection's user (PRECONDITION_FAILED, which closes the
-// channel), and a message from another producer's user would never be
-// retried. It is dropped, not carried in a header, since a retried
-// delivery's user_id is the broker's word, and a header any publisher
-// can forge.
+// copyOf is d as a new publishing, persistent, published by user (the
+// consumer's), with d's exchange, routing key and user_id in headers.
+// Its own user_id is user, which the broker checks against the
+// publishing connection's (it refuses another user's with
+// PRECONDITION_FAILED, closing the channel), and which restored takes as
+// the broker's word that the message is the consumer's copy.
 func copyOf(d amqp.Delivery, user string) amqp.Publishing {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
 	headers[exchangeHeader], headers[routingKeyHeader] = d.Exchange, d.RoutingKey
-	userID := ""
-	if d.UserId == user {
-		userID = d.UserId
+	delete(headers, userIDHeader)
+	if d.UserId != "" {
+		headers[userIDHeader] = d.UserId
 	}
 	return amqp.Publishing{
 		Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
 		DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
 		ReplyTo: d.ReplyTo, MessageId: d.MessageId, Timestamp: d.Timestamp,
-		Type: d.Type, UserId: userID, AppId: d.AppId, Body: d.Body,
+		Type: d.Type, UserId: user, AppId: d.AppId, Body: d.Body,
 	}
 }
 
-// restored is d with the exchange and routing key of the delivery it is
-// a retried copy of, if it is one.
-func restored(d amqp.Delivery) amqp.Delivery {
+// restored is d with the exchange, routing key and user_id of the
+// delivery it is a retried copy of, if it is one: the broker says the
+// consumer's own user (user) published it, and it has the headers copyOf
+// sets. Any producer can set those headers on a message of its own; they
+// are not believed from another user, nor when the consumer's user is not
+// known (an EXTERNAL login), so that no producer makes the handler see an
+// exchange or a routing key it did not publish to.
+func restored(d amqp.Delivery, user string) amqp.Delivery {
+	if user == "" || d.UserId != user {
+		return d
+	}
 	ex, ok1 := d.Headers[exchangeHeader].(string)
 	rk, ok2 := d.Headers[routingKeyHeader].(string)
 	if ok1 && ok2 {
 		d.Exchange, d.RoutingKey = ex, rk
+		d.UserId, _ = d.Headers[userIDHeader].(string)
 	}
 	return d
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -167,7 +168,9 @@ type Options struct {
 	Logger *slog.Logger
 
 	// HashKeysInLogs logs the SHA-256 of each Idempotency-Key (key_sha256)
-	// instead of the key, for keys that carry personal data.
+	// instead of the key, for keys that carry personal data: the errors
+	// logged with it (a backend's, which may name the key) have the key
+	// replaced by the hash too.
 	HashKeysInLogs bool
 }
 
@@ -619,15 +622,44 @@ type logKey struct {
 	scope, key string
 }
 
-// with returns the request's attributes followed by more.
+// with returns the request's attributes followed by more. With
+// Options.HashKeysInLogs, an error among more is logged as its text with
+// the store key in it, as backends name it in their errors (quoted or
+// not), replaced by the key's hash: the key itself is never logged.
 func (lk logKey) with(more ...any) []any {
 	attrs := make([]any, 0, 4+len(more))
 	if lk.g.opts.HashKeysInLogs {
 		sum := sha256.Sum256([]byte(lk.key))
-		attrs = append(attrs, "key_sha256", hex.EncodeToString(sum[:]))
+		hash := hex.EncodeToString(sum[:])
+		attrs = append(attrs, "key_sha256", hash)
+		for i, v := range more {
+			if err, ok := v.(error); ok && err != nil {
+				more[i] = hideKey(err.Error(), StoreKey(lk.scope, lk.key), lk.key, hash)
+			}
+		}
 	} else {
 		attrs = append(attrs, "key", lk.key)
 	}
 	attrs = append(attrs, "scope", lk.scope)
 	return append(attrs, more...)
+}
+
+// hideKey returns msg with storeKey (and key, where it is quoted) replaced
+// by "key_sha256:" and hash, in each form an error may hold it: as it is,
+// and quoted by %q, once or more (an error quoted into another's message).
+// The bare key is replaced only in those forms, not wherever its bytes
+// occur: a short key would otherwise mangle the message.
+func hideKey(msg, storeKey, key, hash string) string {
+	forms := []string{storeKey}
+	for _, k := range []string{storeKey, key} {
+		q := k
+		for range 3 {
+			q = strconv.Quote(q)
+			forms = append(forms, q[1:len(q)-1])
+		}
+	}
+	for _, f := range forms {
+		msg = strings.ReplaceAll(msg, f, "key_sha256:"+hash)
+	}
+	return msg
 }

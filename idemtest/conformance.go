@@ -55,6 +55,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"ManyKeysConcurrently", testManyKeysConcurrently},
 		{"RepeatedWritesAfterLostReplies", testRepeatedWrites},
 		{"CancelledContextWritesNothing", testCancelledContext},
+		{"EndingContextRefusesOnlyWhatItDidNotWrite", testEndingContext},
 		{"BuffersNotShared", testBuffersNotShared},
 		{"CallsAfterClose", testCallsAfterClose},
 	} {

@@ -212,8 +212,9 @@ type Guard struct {
 // opts.Wait for its outcome, then is answered 409 Conflict with Retry-After.
 // The same key with a different request (by opts.Fingerprint) is 422; a
 // missing key, when opts.Required, or a malformed one is 400; a store that
-// fails is 503 unless opts.FailOpen. Error responses are RFC 9457
-// application/problem+json.
+// fails is 503 unless opts.FailOpen; a key whose recorded outcome is a
+// final error (an operator's: idem resolve -error) is 500, without
+// Retry-After. Error responses are RFC 9457 application/problem+json.
 //
 // A response is remembered if its status is 2xx, 3xx, or 4xx other than 408,
 // 409, 425 and 429; one that was streamed (Flush), larger than
@@ -548,6 +549,13 @@ func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 		// A client can cause this at will: Debug, never a log flood.
 		g.opts.Logger.Debug("idemhttp: store full; request refused", lk.with("err", err)...)
 		g.fail(w, req, http.StatusServiceUnavailable, "The server holds as many requests in flight as it can track; retry later with the same key.", g.opts.RetryAfter, err)
+	case idem.IsFinal(err):
+		// A final error recorded for the key: never the middleware's own
+		// (it records responses), but an operator's (idem resolve -error,
+		// Store.Resolve). Its message is theirs, not the client's; and a
+		// client can ask again at will: Debug.
+		g.opts.Logger.Debug("idemhttp: the key's recorded outcome is a final error", lk.with("err", err)...)
+		g.fail(w, req, http.StatusInternalServerError, "The request with this Idempotency-Key ended in a final error; it will not run again.", 0, err)
 	case g.opts.FailOpen && g.opts.InTx == nil && isClaimFailure(err):
 		g.opts.Logger.Warn("idemhttp: store unavailable; running the handler unguarded (FailOpen)", lk.with("err", err)...)
 		next.ServeHTTP(w, req)

@@ -21,7 +21,8 @@
 //   - Unavailable: the store cannot be reached; retry with the same key.
 //   - Internal: the handler panicked (the key is released), a call with
 //     the key was interrupted and its outcome is unknown (an operator must
-//     reconcile it), or Options.Scope returned an empty scope, which is
+//     reconcile it), an operator settled the key with a final error (idem
+//     resolve -error), or Options.Scope returned an empty scope, which is
 //     what it returns when authentication did not run (logged at Error
 //     once, then at Debug).
 //

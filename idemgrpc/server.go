@@ -383,6 +383,14 @@ func (s *server) refusal(err error) error {
 	if errors.As(err, &pe) {
 		return status.Error(codes.Internal, "the call failed; it may be retried with the same key")
 	}
+	if idem.IsFinal(err) {
+		// A final error recorded for the key: never the interceptor's own
+		// (a handler's is kept in its Reply), but an operator's (idem
+		// resolve -error, Store.Resolve). Its message is theirs; and a
+		// client can ask again at will: Debug.
+		s.opts.Logger.Debug("idemgrpc: the key's recorded outcome is a final error", "err", err)
+		return status.Error(codes.Internal, "the call with this idempotency-key ended in a final error; it will not run again")
+	}
 	s.opts.Logger.Error("idemgrpc: store unavailable", "err", err)
 	return status.Error(codes.Unavailable, "idempotency keys cannot be checked right now; retry with the same key")
 }

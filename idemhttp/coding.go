@@ -267,6 +267,14 @@ func (g *Guard) replay(w http.ResponseWriter, r *http.Request, resp Response, lk
 // must be answered otherwise (the refusals below), so that a replay made
 // straight to the client costs no copy of the request.
 func (g *Guard) replayTo(w http.ResponseWriter, h http.Header, req func() *http.Request, resp Response, lk logKey) {
+	if resp.Status < 200 || resp.Status > 999 {
+		// Never one the middleware records, but an operator's (idem
+		// resolve -result '{}', Store.Resolve with a zero Response):
+		// WriteHeader would panic, and a 1xx is no final answer.
+		g.opts.Logger.Error("idemhttp: the key's recorded response has no final status to replay; it needs an operator", lk.with("status", resp.Status)...)
+		g.fail(w, req(), http.StatusInternalServerError, "The request with this Idempotency-Key has a recorded response that cannot be sent; it needs an operator.", 0, fmt.Errorf("idemhttp: recorded status %d", resp.Status))
+		return
+	}
 	codings, err := undoCodings(h, &resp)
 	if err != nil {
 		g.fail(w, req(), http.StatusNotAcceptable, "The response to this Idempotency-Key is kept in a content coding ("+strings.Join(codings, ", ")+") this request's Accept-Encoding does not accept; retry with the same key, accepting it.", 0, err)

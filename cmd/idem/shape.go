@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/seed094d4201/idem/backend"
 )
@@ -91,7 +94,24 @@ func (t *tool) checkShape(ctx context.Context, result []byte) error {
 	if why := mismatch(r, s); why != "" {
 		return fmt.Errorf("%w: it %s (compare: %s); every later call would fail to decode it (-force writes it all the same)", errShape, why, t.next("show", sample.Key))
 	}
+	if _, isHTTP := asResponse(sample.Value); isHTTP {
+		// An object with none of a response's fields passes the check
+		// above, and its replay could not be sent: no final status.
+		if resp, ok := asResponse(result); !ok || resp.Status < 200 {
+			return fmt.Errorf("%w: the store holds idemhttp responses, and it is not one: a final \"status\" (200 to 999) and no field but %s (compare: %s; -force writes it all the same)", errShape, responseFieldList(), t.next("show", sample.Key))
+		}
+	}
 	return nil
+}
+
+// responseFieldList names responseFields, sorted.
+func responseFieldList() string {
+	names := make([]string, 0, len(responseFields))
+	for name := range responseFields {
+		names = append(names, strconv.Quote(name))
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
 }
 
 // maxShapeLook bounds the records checkShape reads looking for a sample.

@@ -230,9 +230,9 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, _ time.Time, le
 	if err := b.nested(ctx); err != nil {
 		return backend.Record{}, false, err
 	}
-	key, token, us := []byte(rec.Key), []byte(rec.Token), micros(lease)
+	key, fp, token, us := []byte(rec.Key), rec.Fingerprint[:], []byte(rec.Token), micros(lease)
 	for {
-		got, err := retried(ctx, func() (found, error) { return b.claimOnce(ctx, b.pooled(), rec, key, token, us) })
+		got, err := retried(ctx, func() (found, error) { return b.claimOnce(ctx, b.pooled(), &rec, key, fp, token, us) })
 		switch {
 		case answered(err):
 			// The server refused the statement, which it ran alone: it
@@ -290,15 +290,15 @@ type querier interface {
 //     watches, for a cancellable ctx (every Store's), from a goroutine of
 //     its own, and whose row is read and copied: for a new key, that costs
 //     more than the Exec.
-func (b *Backend) claimOnce(ctx context.Context, q querier, rec backend.Record, key, token []byte, lease int64) (found, error) {
+func (b *Backend) claimOnce(ctx context.Context, q querier, rec *backend.Record, key, fp, token []byte, lease int64) (found, error) {
 	if b.returning && b.mix.returning() {
-		f, err := queryOne(ctx, q, b.q.claim, []any{key, rec.Fingerprint[:], token, lease})
+		f, err := queryOne(ctx, q, b.q.claim, []any{key, fp, token, lease})
 		if err == nil {
 			b.mix.note(!f.ok || f.rec.Token != rec.Token)
 		}
 		return f, err
 	}
-	res, err := q.ExecContext(ctx, b.q.insert, key, rec.Fingerprint[:], token, lease)
+	res, err := q.ExecContext(ctx, b.q.insert, key, fp, token, lease)
 	if err != nil {
 		return found{}, err
 	}

@@ -328,6 +328,10 @@ func (s *Store[R]) finished(t *Ticket[R], err error, final bool) {
 // completed (memory only) or released (the Backend remembers a final
 // outcome; memory keeps in-flight keys only).
 func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) {
+	if t.settled { // a way out of finish after the user's clock ended its goroutine in keep
+		return
+	}
+	t.settled = true
 	e := t.e
 	if t.cancel != nil {
 		t.cancel()
@@ -338,10 +342,28 @@ func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) 
 	case pin:
 		s.table.pin(e)
 	case final && s.opts.Backend == nil:
-		s.table.complete(e, s.now().Add(s.opts.TTL))
+		s.keep(e)
 	default:
 		s.table.release(e)
 	}
+}
+
+// keep completes e, whose outcome is final, until its TTL from now.
+// Options.Now is the user's code: one that ends the goroutine
+// (runtime.Goexit) would end it before the key is settled, so the system
+// clock answers instead, as it does for one that panics (guardedClock),
+// and e is completed all the same, from the deferred call, as the
+// goroutine ends.
+func (s *Store[R]) keep(e *entry[R]) {
+	if s.sysClock {
+		s.table.complete(e, time.Now().Add(s.opts.TTL))
+		return
+	}
+	returned := false
+	defer exiting(&returned, func() { s.table.complete(e, time.Now().Add(s.opts.TTL)) })
+	expires := s.opts.Now().Add(s.opts.TTL)
+	returned = true
+	s.table.complete(e, expires)
 }
 
 // finishExited settles t after finish's goroutine ended before the key

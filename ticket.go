@@ -75,6 +75,7 @@ type Ticket[R any] struct {
 	run *detachedRun[R]
 
 	finished  bool // set by the first Finish or Release
+	settled   bool // settleEntry began: the entry is settled, even if the goroutine ended since
 	finalizer bool // a finalizer is set: Begin and beginLocal's tickets
 	val       R    // the replayed outcome, or what Finish returned
 	err       error

@@ -434,8 +434,11 @@ func (b *Backend) Close() error {
 }
 
 // write runs o in a shared, durable write transaction and returns its result
-// once committed. Once submitted, a write is waited for even if ctx ends, so
-// that the caller always learns whether it took effect.
+// once committed. A caller whose ctx ends while its write waits for the
+// committer (behind a long Update or RunOnceTx, say) takes it back and is
+// refused, with nothing written; once the committer has taken it, the
+// write is waited for even if ctx ends, so that the caller always learns
+// whether it took effect.
 func (b *Backend) write(ctx context.Context, o op) error {
 	if err := ctx.Err(); err != nil {
 		return backend.Refuse(err) // nothing sent: the Store need not watch for it to land
@@ -449,9 +452,22 @@ func (b *Backend) write(ctx context.Context, o op) error {
 		b.mu.RUnlock()
 		return idem.ErrClosed
 	}
-	b.reqs <- r
+	select {
+	case b.reqs <- r:
+	case <-ctx.Done():
+		b.mu.RUnlock()
+		return backend.Refuse(ctx.Err()) // the queue was full: nothing sent
+	}
 	b.mu.RUnlock()
-	return <-r.done
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		if r.turn.CompareAndSwap(turnQueued, turnWithdrawn) {
+			return backend.Refuse(ctx.Err())
+		}
+		return <-r.done
+	}
 }
 
 // read runs fn in a read transaction.
@@ -519,7 +535,8 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 		return b.bucket(tx, bucketPending).Put(pendingKey(rec), nil)
 	})
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		// write looks at ctx only before it sends the request.
+		// write gives up on ctx only while the committer has not taken
+		// the request: nothing was written.
 		err = backend.Refuse(err)
 	}
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 
 	bbolt "go.etcd.io/bbolt"
 )
@@ -18,6 +19,27 @@ type op func(tx *bbolt.Tx) error
 type request struct {
 	op   op
 	done chan error // buffered; receives the op's result once its transaction has committed, or the commit's error
+	// turn is turnQueued until the committer first runs op (turnTaken), or
+	// until a caller whose ctx ended takes it back (turnWithdrawn): a
+	// withdrawn op is never run, so its caller may leave with nothing
+	// written.
+	turn atomic.Int32
+}
+
+const (
+	turnQueued int32 = iota
+	turnTaken
+	turnWithdrawn
+)
+
+// run is the op the committer runs for r: r's own, unless its caller
+// withdrew it first, in which case it writes nothing. An op the committer
+// runs again, after another in its transaction rolled back, stays taken.
+func (r *request) run(tx *bbolt.Tx) error {
+	if r.turn.CompareAndSwap(turnQueued, turnTaken) || r.turn.Load() == turnTaken {
+		return r.op(tx)
+	}
+	return nil
 }
 
 // rollback is the result of an op that made changes it must take back (the
@@ -63,7 +85,7 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 			failed := -1
 			err := update(db, func(tx *bbolt.Tx) error {
 				for i := 0; i < len(batch) || open && (gather(reqs, &batch, maxBatch) || yieldAndGather(reqs, &batch, maxBatch)); i++ {
-					results = append(results, undoCorrupt(batch[i].op(tx)))
+					results = append(results, undoCorrupt(batch[i].run(tx)))
 					if _, ok := results[i].(rollback); ok {
 						failed = i
 						return errRolledBack

@@ -46,6 +46,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"CompletedRecordExpires", testCompletedRecordExpires},
 		{"ExpiredTakeoverHasOneWinner", testExpiredTakeoverHasOneWinner},
 		{"SweepSparesClaimOverExpired", testSweepSparesClaimOverExpired},
+		{"SweepRacesTakeover", testSweepRacesTakeover},
 		{"SweepDeletesExpiredOnly", testSweepDeletesExpiredOnly},
 		{"SweepOldestFirst", testSweepOldestFirst},
 		{"SweepLimitNotPositive", testSweepLimitNotPositive},

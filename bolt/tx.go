@@ -53,8 +53,16 @@ func (b *Backend) lend(ctx context.Context, fn func(ctx context.Context, tx *bbo
 		b.mu.RUnlock()
 		return idem.ErrClosed
 	}
-	b.reqs <- r
+	select {
+	case b.reqs <- r:
+	case <-ctx.Done():
+		b.mu.RUnlock()
+		return backend.Refuse(ctx.Err()) // the queue was full: nothing sent
+	}
 	b.mu.RUnlock()
+	// Until the committer takes the request, a ctx that ends takes it
+	// back (as write does): fn has not run, and will not.
+	ended := ctx.Done()
 	ctx = context.WithValue(ctx, inTx{}, b)
 	for {
 		select {
@@ -62,6 +70,11 @@ func (b *Backend) lend(ctx context.Context, fn func(ctx context.Context, tx *bbo
 			h.back <- runLent(ctx, tx, h, fn)
 		case err := <-r.done:
 			return err
+		case <-ended:
+			if r.turn.CompareAndSwap(turnQueued, turnWithdrawn) {
+				return backend.Refuse(ctx.Err())
+			}
+			ended = nil // taken: fn runs, and its answer is waited for
 		}
 	}
 }
@@ -125,7 +138,9 @@ func (b *Backend) usable(ctx context.Context) error {
 // change or delete them (deleting one is refused, and rolled back). fn must
 // not call b, nor a Store over it: as with bbolt's own Update inside
 // Update, the call would wait for the commit that waits for fn. While fn
-// runs, every other write to the file waits.
+// runs, every other write to the file waits; a ctx that ends while Update
+// waits for its turn ends the wait, refused (backend.ErrRefused) with fn
+// not run, and once fn runs, Update waits for its commit.
 func (b *Backend) Update(ctx context.Context, fn func(tx *bbolt.Tx) error) error {
 	if fn == nil {
 		return errors.New("bolt: Update with a nil fn")

@@ -68,3 +68,39 @@ func TestWriteBehindALongTransactionEndsWithItsCtx(t *testing.T) {
 	assert.Equal(t, 2, v)
 	assert.False(t, ran, "fn ran for a caller whose claim was refused")
 }
+
+// The same for an Update queued behind another: its fn never runs once
+// its caller has left. Before, Update waited for the first fn whatever its
+// ctx said.
+func TestUpdateBehindALongTransactionEndsWithItsCtx(t *testing.T) {
+	b, _ := openTemp(t, nil)
+	in, hold := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release)
+	timer := time.AfterFunc(5*time.Second, release) // a bound on the test, not an ordering
+	defer timer.Stop()
+	updated := make(chan error, 1)
+	go func() {
+		updated <- b.Update(context.Background(), func(*bbolt.Tx) error {
+			close(in)
+			<-hold
+			return nil
+		})
+	}()
+	<-in
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	ran := false
+	err := b.Update(ctx, func(*bbolt.Tx) error { ran = true; return nil })
+	assert.Less(t, time.Since(start), 2*time.Second, "Update waited for the first Update's fn, not its ctx")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorIs(t, err, backend.ErrRefused)
+	release()
+	require.NoError(t, <-updated)
+	// A write after it goes through the committer that skipped it.
+	require.NoError(t, b.Update(context.Background(), func(*bbolt.Tx) error { return nil }))
+	assert.False(t, ran, "the fn of an Update whose caller left ran")
+}

@@ -238,8 +238,12 @@ func (b *Backend) Claim(ctx context.Context, rec backend.Record, now time.Time, 
 	}
 	// Most claims of a known key are replays: answer them from a read,
 	// which takes no lock.
-	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil || ok {
-		return old, false, err
+	if old, ok, err := b.Get(ctx, rec.Key, now); err != nil {
+		// A read wrote nothing: a refusal, whatever failed it (a ctx that
+		// ended while it waited for a connection, say).
+		return backend.Record{}, false, backend.Refuse(err)
+	} else if ok {
+		return old, false, nil
 	}
 	var leaseUntil time.Time
 	if lease > 0 {

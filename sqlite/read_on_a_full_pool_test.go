@@ -16,7 +16,9 @@ import (
 // as another process keeps the write lock (the busy timeout, and again).
 // Get and Claim must still end when their ctx does. Before, Get read with
 // context.WithoutCancel(ctx), so a Get whose ctx had a 100 ms deadline
-// waited for the other process's lock to go (here 5 s).
+// waited for the other process's lock to go (here 5 s). A Claim that
+// failed so had only read: it is refused (backend.ErrRefused), so that the
+// Store need not read back a write that was never sent.
 func TestReadWaitingForTheOnlyConnectionEndsWithItsCtx(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	db, err := Open(path)
@@ -73,6 +75,9 @@ func TestReadWaitingForTheOnlyConnectionEndsWithItsCtx(t *testing.T) {
 		took := time.Since(start)
 		cancel()
 		assert.ErrorIs(t, err, context.DeadlineExceeded, call.name)
+		if call.name == "Claim" {
+			assert.ErrorIs(t, err, backend.ErrRefused, "a Claim that only read wrote nothing: refused")
+		}
 		assert.Less(t, took, 2*time.Second, "%s ends with its ctx, not with another process's lock", call.name)
 	}
 	release()

@@ -189,6 +189,9 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 			return nil, fmt.Errorf("mysql: creating table %s: %w", table, err)
 		}
 	}
+	if err := checkUniqueKey(ctx, db, name); err != nil {
+		return nil, fmt.Errorf("mysql: table %s: %w", table, err)
+	}
 	return b, nil
 }
 

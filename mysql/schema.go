@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -104,6 +105,30 @@ func migrate(ctx context.Context, db *sql.DB, table, name string) error {
 	}
 	_, err = conn.ExecContext(ctx, createTableSQL(table))
 	return err
+}
+
+// checkUniqueKey refuses a table that exists without a unique index on
+// `key` alone, whole: a claim is an INSERT that only a duplicate key
+// refuses, so without one every claim of a key would win (a table made by
+// other tools, or restored by CREATE TABLE ... AS SELECT, which drops
+// keys). A table that does not exist yet (Options.NoMigrate) is not
+// checked: its first claim fails until it does.
+func checkUniqueKey(ctx context.Context, db *sql.DB, name string) error {
+	var tables, unique int
+	err := db.QueryRowContext(ctx, `SELECT
+    (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?),
+    (SELECT COUNT(*) FROM (SELECT INDEX_NAME FROM information_schema.STATISTICS
+        WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND NON_UNIQUE = 0
+        GROUP BY INDEX_NAME
+        HAVING COUNT(*) = 1 AND MAX(COLUMN_NAME) = 'key' AND MAX(SUB_PART) IS NULL) u)`,
+		schemaOf(name), tableOf(name), schemaOf(name), tableOf(name)).Scan(&tables, &unique)
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading its indexes: %w", err)
+	case tables > 0 && unique == 0:
+		return errors.New("no unique index on `key` alone (its PRIMARY KEY in Schema): every claim of a key would win")
+	}
+	return nil
 }
 
 // schemaOf is the database part of a qualified table name, or nil.

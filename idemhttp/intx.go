@@ -32,7 +32,9 @@ func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.H
 		if quota, ok = g.quota.Reserve(scope); !ok {
 			return Response{}, errOverQuota
 		}
+		defer rec.end() // a panic or a Goexit ends it too
 		next.ServeHTTP(rec, req.WithContext(ctx))
+		rec.end()
 		resp, ok := rec.response()
 		switch {
 		case rec.refused != nil:

@@ -226,6 +226,9 @@ type Guard struct {
 // the retry's own. Any other status, or a panic, is delivered as it is but
 // releases the key, so the next retry runs the handler again.
 //
+// A write the handler's goroutines make after it returned fails, and is
+// neither sent nor remembered: the response is the one it returned with.
+//
 // The handler runs under a context that a client hanging up does not cancel,
 // and the outcome is recorded under it too, so a completed response is never
 // lost. The store's own options (TTL, Backend) decide how long and where
@@ -432,7 +435,9 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	rec := newRecorder(w, g.headers, g.opts.MaxStoredBody)
 	rec.before = before
 	_, err = t.Do(func(ctx context.Context) (Response, error) {
+		defer rec.end() // a panic or a Goexit ends it too
 		next.ServeHTTP(rec, withBody(r, ctx, body))
+		rec.end()
 		resp, ok := rec.response()
 		if !ok {
 			return resp, &notStored{resp, rec.complete()}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -152,6 +153,23 @@ type recorder struct {
 	before   http.Header // the headers set before the handler ran (outer middleware's): not the handler's to remember
 	declared int64       // the Content-Length the response was sent with; -1 if none
 	written  int64       // body bytes the handler wrote
+
+	// mu orders the handler's calls, from whatever goroutine, against
+	// end: once the handler has returned, nothing more of its is taken,
+	// so the response recorded (and, held, the one sent) is the one it
+	// returned with.
+	mu    sync.Mutex
+	ended bool
+}
+
+// errAfterReturn fails a write made after the handler returned.
+var errAfterReturn = errors.New("idemhttp: the handler wrote after it returned; the response was recorded without it")
+
+// end marks the handler returned: its later calls are refused.
+func (r *recorder) end() {
+	r.mu.Lock()
+	r.ended = true
+	r.mu.Unlock()
 }
 
 // ReleaseKey tells the guard whose handler writes to w that the handler
@@ -166,7 +184,9 @@ func ReleaseKey(w http.ResponseWriter) bool {
 	for {
 		switch x := w.(type) {
 		case *recorder:
-			if x.resp.Status != 0 || x.streamed || x.hijacked {
+			x.mu.Lock()
+			defer x.mu.Unlock()
+			if x.ended || x.resp.Status != 0 || x.streamed || x.hijacked {
 				return false
 			}
 			x.released = true
@@ -186,6 +206,14 @@ func newRecorder(w http.ResponseWriter, headers headerPolicy, maxBody int) *reco
 func (r *recorder) Header() http.Header { return r.w.Header() }
 
 func (r *recorder) WriteHeader(code int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.ended {
+		r.writeHeader(code)
+	}
+}
+
+func (r *recorder) writeHeader(code int) {
 	if r.resp.Status != 0 {
 		return // net/http ignores it too, with a log line
 	}
@@ -295,8 +323,13 @@ func trailerNames(h http.Header) map[string]bool {
 }
 
 func (r *recorder) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return 0, errAfterReturn
+	}
 	if r.resp.Status == 0 {
-		r.WriteHeader(http.StatusOK)
+		r.writeHeader(http.StatusOK)
 	}
 	if r.held {
 		return r.hold(p)
@@ -332,12 +365,17 @@ func (r *recorder) Flush() { _ = r.FlushError() }
 // FlushError is Flush that says whether it flushed, for
 // http.ResponseController.
 func (r *recorder) FlushError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return errAfterReturn
+	}
 	if r.held {
 		r.refuse(errStreamedInTx)
 		return errStreamedInTx
 	}
 	if r.resp.Status == 0 {
-		r.WriteHeader(http.StatusOK) // what net/http sends on a flush before WriteHeader
+		r.writeHeader(http.StatusOK) // what net/http sends on a flush before WriteHeader
 	}
 	err := http.NewResponseController(r.w).Flush()
 	if err == nil {
@@ -349,6 +387,11 @@ func (r *recorder) FlushError() error {
 // Hijack hands the connection to the handler, which answers on it: the
 // response is remembered without what it writes there (see response).
 func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return nil, nil, errAfterReturn
+	}
 	if r.held {
 		r.refuse(errHijackedInTx)
 		return nil, nil, errHijackedInTx

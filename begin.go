@@ -349,16 +349,22 @@ func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) 
 }
 
 // keep completes e, whose outcome is final, until its TTL from now.
-// Options.Now is the user's code: one that ends the goroutine
-// (runtime.Goexit) would end it before the key is settled, so the system
-// clock answers instead, as it does for one that panics (guardedClock),
-// and e is completed all the same, from the deferred call, as the
-// goroutine ends.
 func (s *Store[R]) keep(e *entry[R]) {
 	if s.sysClock {
 		s.table.complete(e, time.Now().Add(s.opts.TTL))
 		return
 	}
+	s.keepByUserClock(e)
+}
+
+// keepByUserClock is keep on Options.Now, the user's code: one that ends
+// the goroutine (runtime.Goexit) would end it before the key is settled,
+// so the system clock answers instead, as it does for one that panics
+// (guardedClock), and e is completed all the same, from the deferred
+// call, as the goroutine ends. Apart from keep so that the system
+// clock's path carries no deferred call: its frame stays small enough
+// that a detached run's new goroutine does not grow its stack.
+func (s *Store[R]) keepByUserClock(e *entry[R]) {
 	returned := false
 	defer exiting(&returned, func() { s.table.complete(e, time.Now().Add(s.opts.TTL)) })
 	expires := s.opts.Now().Add(s.opts.TTL)

@@ -393,3 +393,29 @@ func publicDocs(f *ast.File) map[string]string {
 	}
 	return docs
 }
+
+// TestReadmePerformanceFiguresAreInTheBenchmarks: every number the README's
+// "Performance" section states is one bench/README.md states beside the
+// command that made it, so that a figure measured again cannot leave the
+// README behind.
+func TestReadmePerformanceFiguresAreInTheBenchmarks(t *testing.T) {
+	readme := read(t, "README.md")
+	start := strings.Index(readme, "\n## Performance\n")
+	if start < 0 {
+		t.Fatal(`README.md has no "## Performance" section`)
+	}
+	section := readme[start+1:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	bench := read(t, "bench/README.md")
+	figures := regexp.MustCompile(`\d[\d,]*(\.\d+)?`).FindAllString(section, -1)
+	if len(figures) < 10 {
+		t.Fatalf("only %d figures in the README's Performance section: %q", len(figures), figures)
+	}
+	for _, f := range figures {
+		if !regexp.MustCompile(`(^|[^\d.,])` + regexp.QuoteMeta(f) + `($|[^\d,]|\.[^\d])`).MatchString(bench) {
+			t.Errorf("the README's Performance section states %s, which bench/README.md does not", f)
+		}
+	}
+}

@@ -60,15 +60,10 @@ func (s *Store[R]) Records(ctx context.Context, states ...backend.RecordState) i
 		var bodyPanic any
 		body := func(rec backend.Record) bool {
 			returned := false
-			defer func() {
-				if !returned {
-					stopped = true
-					if v := recover(); v != nil { // else runtime.Goexit: it goes on
-						panicked, bodyPanic = true, v
-						panic(v)
-					}
-				}
-			}()
+			defer guard(&returned, func(v any) {
+				stopped, panicked, bodyPanic = true, true, v
+				panic(v) // the loop body's own: it goes on up
+			}, func() { stopped = true })
 			more := yield(rec, nil)
 			returned = true
 			stopped = !more

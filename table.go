@@ -15,14 +15,6 @@ import (
 // with a mask.
 const numShards = 32
 
-// sweepBatch bounds how many entries a sweep removes under one hold of a
-// shard's lock, so that claims on that shard never wait behind a long pass.
-const sweepBatch = 256
-
-// testHookSweepBatch, if set, runs inside every sweep batch with the shard
-// locked. Tests use it to make a sweep panic.
-var testHookSweepBatch func()
-
 // testHookMove, if set, hears every move of an entry, with the shard
 // locked. Tests use it to see the lifecycle's transitions made.
 // Atomic: a store left running by an earlier test may move entries while
@@ -214,31 +206,6 @@ func (t *table[R]) complete(e *entry[R], expires time.Time) {
 	t.running.Done()
 }
 
-// Bounds on the cost of placing a completion among the expiry runs: how
-// far back from a run's tail it is looked for (two executions that read
-// the clock in one order and took the lock in the other), and in how many
-// of the newest runs, before it starts a run of its own.
-const (
-	runWalk   = 8
-	runsTried = 8
-)
-
-// addToRuns puts the completed entry e in its place on one of sh's newest
-// runs, or on a new run when it expires before the recent entries of each
-// (the clock stepped back): placing a completion costs at most
-// runsTried*runWalk steps, whatever the clock does. A run empties as its
-// entries expire, and a sweep drops it. The caller holds sh.mu.
-func (sh *shard[R]) addToRuns(e *entry[R]) {
-	for i := len(sh.runs) - 1; i >= max(0, len(sh.runs)-runsTried); i-- {
-		if sh.runs[i].insert(e, runWalk) {
-			return
-		}
-	}
-	run := new(expiryList[R])
-	run.insert(e, 0)
-	sh.runs = append(sh.runs, run)
-}
-
 // pin records e's outcome, already in e.val and e.err, until unpin: it
 // never expires and no sweep removes it. It is for an outcome the Backend
 // could not record, whose key must not run again here meanwhile.
@@ -341,53 +308,6 @@ func (t *table[R]) drop(sh *shard[R], e *entry[R]) {
 	if t.maxKeys > 0 {
 		t.keys.Add(-1)
 	}
-}
-
-// sweep removes the entries expired at now, in batches of at most sweepBatch
-// per hold of a shard's lock, and returns how many it removed. It stops early
-// with stop's error when stop returns one between batches.
-func (t *table[R]) sweep(now time.Time, stop func() error) (int, error) {
-	total := 0
-	for i := range t.shards {
-		for {
-			if err := stop(); err != nil {
-				return total, err
-			}
-			n := t.sweepBatch(&t.shards[i], now)
-			total += n
-			if n < sweepBatch {
-				break
-			}
-		}
-	}
-	return total, nil
-}
-
-func (t *table[R]) sweepBatch(sh *shard[R], now time.Time) int {
-	sh.mu.Lock()
-	defer sh.mu.Unlock() // deferred, so a panic mid-batch cannot leave the shard locked
-	if testHookSweepBatch != nil {
-		testHookSweepBatch()
-	}
-	n := 0
-	for _, run := range sh.runs {
-		for e := run.head; e != nil && n < sweepBatch && !now.Before(e.expires); e = run.head {
-			t.move(e, lifecycle.Expire)
-			t.drop(sh, e)
-			n++
-		}
-	}
-	// Drop the runs emptied, but for the last, which takes the next
-	// completions.
-	kept := sh.runs[:0]
-	for i, run := range sh.runs {
-		if run.head != nil || i == len(sh.runs)-1 {
-			kept = append(kept, run)
-		}
-	}
-	clear(sh.runs[len(kept):])
-	sh.runs = kept
-	return n
 }
 
 // len returns the number of entries held, in flight or completed.

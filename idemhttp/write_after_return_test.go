@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,14 +19,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// completeGate is a backend whose Complete waits for gate: the window
-// between a handler's return and its outcome being recorded.
+// completeGate is a backend whose Complete calls entered, then waits for
+// gate: the window between a handler's return and its outcome being
+// recorded.
 type completeGate struct {
 	*idemtest.MemoryBackend
-	gate <-chan struct{}
+	entered func()
+	gate    <-chan struct{}
 }
 
 func (b *completeGate) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
+	b.entered()
 	<-b.gate
 	return b.MemoryBackend.Complete(ctx, rec, now, ttl)
 }
@@ -44,10 +48,14 @@ func TestWriteAfterTheHandlerReturnedIsRefused(t *testing.T) {
 			name = "transactional"
 		}
 		t.Run(name, func(t *testing.T) {
+			// returned is closed once the middleware has the handler's
+			// return behind it (its outcome is being recorded), not in the
+			// handler's own defer, which runs before the handler returns.
 			returned, wrote := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			markReturned := func() { once.Do(func() { close(returned) }) }
 			lateErr := make(chan error, 1)
 			handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				defer close(returned)
 				w.WriteHeader(http.StatusCreated)
 				_, _ = io.WriteString(w, "body")
 				go func() {
@@ -68,11 +76,12 @@ func TestWriteAfterTheHandlerReturnedIsRefused(t *testing.T) {
 				store = newStore(t, idem.Options{Backend: b})
 				opts.InTx = func(ctx context.Context, s *idem.Store[idemhttp.Response], key string, payload any, fn func(context.Context) (idemhttp.Response, error)) (idemhttp.Response, error) {
 					resp, err := sqlite.InTx(ctx, s, key, payload, fn)
+					markReturned()
 					<-wrote // committed; the response not sent yet
 					return resp, err
 				}
 			} else {
-				store = newStore(t, idem.Options{Backend: &completeGate{MemoryBackend: idemtest.NewMemoryBackend(), gate: wrote}})
+				store = newStore(t, idem.Options{Backend: &completeGate{MemoryBackend: idemtest.NewMemoryBackend(), entered: markReturned, gate: wrote}})
 			}
 			srv := httptest.NewServer(idemhttp.Middleware(store, opts)(handler))
 			t.Cleanup(srv.Close)

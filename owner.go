@@ -151,11 +151,9 @@ var errClosedWhileHeld = fmt.Errorf("%w: %w: the store closed while another owne
 // judgedDead returns rec, whose owner this store has judged dead, as
 // interrupted; a claim the backend still holds pending (its clock stepped
 // back, or runs slow) is first made to lapse there, under its own token,
-// so that the backend agrees, and so is a lapsed claim not yet proven
-// dead: the lapse marks it proven, so that this store's verdict holds for
-// every later caller, here or elsewhere, however short its ctx.
+// so that the backend agrees.
 func (s *Store[R]) judgedDead(ctx context.Context, rec backend.Record) (backend.Record, error) {
-	if rec.State == backend.StatePending || !provenDead(rec) {
+	if rec.State == backend.StatePending {
 		s.lapse(ctx, rec)
 		got, ok, err := s.b.Get(ctx, rec.Key, s.opts.Now())
 		switch {

@@ -132,9 +132,6 @@ func Next(p Phase, e Event) Move {
 // InFlight reports whether p is a phase of an execution not yet settled.
 func (p Phase) InFlight() bool { return p == Claiming || p == Running }
 
-// Final reports whether p holds a final outcome that calls replay.
-func (p Phase) Final() bool { return p == Pinned || p == Completed }
-
 // A Transition is one row of the table.
 type Transition struct {
 	From  Phase

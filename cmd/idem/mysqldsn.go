@@ -20,19 +20,16 @@ func mysqlConfig(where string) (*gomysql.Config, error) {
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("%s: not a MySQL URL (mysql://user:password@host:3306/database)", display(where))
 	}
-	dsn := ""
-	if u.User != nil {
-		dsn = u.User.Username()
-		if pw, ok := u.User.Password(); ok {
-			dsn += ":" + pw
-		}
-		dsn += "@"
-	}
 	host := u.Host
 	if u.Port() == "" {
 		host += ":3306"
 	}
-	dsn += "tcp(" + host + ")/" + strings.TrimPrefix(u.Path, "/")
+	// The driver's DSN has no escapes: a ':' in the user name would move
+	// into the password, a '?' in the database name would cut it short.
+	// So the DSN carries the address and the parameters alone (which the
+	// driver reads as it documents, TLS's server name from the address
+	// included), and the URL's decoded parts are set as they are.
+	dsn := "tcp(" + host + ")/"
 	if u.RawQuery != "" {
 		dsn += "?" + u.RawQuery
 	}
@@ -40,6 +37,11 @@ func mysqlConfig(where string) (*gomysql.Config, error) {
 	if err != nil { // its message may quote the DSN, password and all
 		return nil, fmt.Errorf("%s: not a DSN the MySQL driver takes", display(where))
 	}
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
 	return cfg, nil
 }
 

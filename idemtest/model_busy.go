@@ -1,8 +1,13 @@
 package idemtest
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"time"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/backend"
 )
 
 // When may a key answer ErrInProgress? Only while something may hold it:
@@ -117,5 +122,27 @@ func (w *world) unpinStore(id int) {
 		if p.store == id {
 			delete(w.pins, k)
 		}
+	}
+}
+
+// heardUnrecorded holds the key of an outcome its store was told it could
+// not record, as soon as it is told: the call that owned it may have been
+// answered long before (a RunOnce whose caller left while its execution
+// went on), and its answer's check is then past. An outcome that could not
+// be written at all (the Codec, or the user's code ending the goroutine
+// that recorded it) is held, its lease renewed, until its store closes
+// (documented: finishExited, holdLease); any other is held until the
+// backend takes it, after a heal, unless the claim was lost to another
+// owner.
+func (w *world) heardUnrecorded(c *modelCall, nr *idem.NotRecordedError) {
+	switch why := nr.Err.Error(); {
+	case strings.Contains(why, "Codec") || strings.Contains(why, "Goexit"):
+		w.mu.Lock()
+		w.heldBy[c.key] = c.ms
+		w.mu.Unlock()
+	case errors.Is(nr.Err, backend.ErrNotOwner):
+		w.hold(c.key, settled())
+	default:
+		w.hold(c.key, forever)
 	}
 }

@@ -339,6 +339,10 @@ type userCode struct {
 	mu       sync.Mutex
 	marshal  misbehaviour // guarded by mu; the next Marshal
 	observer misbehaviour // guarded by mu; the next Executing or Span
+	// heard, if set, hears every NotRecorded the Observer is told with
+	// the call whose outcome it is, when the call is answered or later
+	// (a detached execution whose caller left); set before the store opens.
+	heard func(c *modelCall, nr *idem.NotRecordedError)
 }
 
 func (u *userCode) take(field *misbehaviour) misbehaviour {
@@ -396,6 +400,9 @@ func (u *userCode) observerHooks() *idem.Observer {
 			var nr *idem.NotRecordedError
 			if c, ok := ctx.Value(callKey{}).(*modelCall); ok && errors.As(err, &nr) {
 				c.unrecorded.Store(nr)
+				if u.heard != nil {
+					u.heard(c, nr)
+				}
 			}
 			hook()
 		},

@@ -175,6 +175,7 @@ func setSharedBackend(t *testing.T, b backend.Backend) { shared.Store(t, &b) }
 // open makes store i of the world, with a fault plan of its own.
 func (w *world) open(i int) *modelStore {
 	ms := &modelStore{id: i, f: newFaults(), u: &userCode{}}
+	ms.u.heard = w.heardUnrecorded
 	opts := w.opts
 	if w.b != nil {
 		opts.Backend = wrap(w.b, ms.f)

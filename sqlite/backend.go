@@ -82,6 +82,10 @@ type Backend struct {
 
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt // guarded by mu; statements prepared so far, by their SQL
+
+	// wal: the database was in WAL mode at New, where a read never waits
+	// for another's lock (see Get). Written once, in New.
+	wal bool
 }
 
 var _ backend.Lister = (*Backend)(nil)
@@ -131,6 +135,14 @@ func New(ctx context.Context, db *sql.DB, opts Options) (*Backend, error) {
 			return nil, fmt.Errorf("sqlite: creating table %s: %w", table, err)
 		}
 	}
+	// A database left in a rollback journal (NoMigrate, a schema made by
+	// other tools) has readers wait for a writer's lock: Get must then
+	// watch its ctx.
+	var mode string
+	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+		return nil, fmt.Errorf("sqlite: %w", closedErr(err))
+	}
+	b.wal = strings.EqualFold(mode, "wal")
 	// Prepared now, on the pool: a statement first prepared inside a
 	// transaction would wait for a second connection, which a pool of one
 	// (SetMaxOpenConns(1)) never has.
@@ -314,8 +326,9 @@ func (b *Backend) Get(ctx context.Context, key string, now time.Time) (backend.R
 	// watch a ctx that can end, which cost more than the read itself. But
 	// on a pool with a bound (db.SetMaxOpenConns) the read may wait for a
 	// connection, which a write holds for as long as another process keeps
-	// the write lock: then ctx must end the wait.
-	if b.db.Stats().MaxOpenConnections == 0 {
+	// the write lock, and in a rollback journal it waits in the busy
+	// handler while a writer holds the file: then ctx must end the wait.
+	if b.wal && b.db.Stats().MaxOpenConnections == 0 {
 		ctx = context.WithoutCancel(ctx)
 	}
 	rec, found, err := scanOne(b.query(ctx, nil, b.q.get, key))

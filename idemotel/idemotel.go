@@ -37,7 +37,6 @@ import (
 	"github.com/seed094d4201/idem"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -127,11 +126,13 @@ func (o *observer) sweep(ctx context.Context, removed int, err error) {
 // replay or a mismatch, and for a record that wrote its outcome).
 func (o *observer) span(ctx context.Context, phase, key string) (context.Context, func(error)) {
 	attrs := make([]attribute.KeyValue, 0, 2)
+	var hash string
 	if o.opts.RawKeys {
 		attrs = append(attrs, attribute.String("idem.key", key))
 	} else {
 		sum := sha256.Sum256([]byte(key))
-		attrs = append(attrs, attribute.String("idem.key.hash", hex.EncodeToString(sum[:])))
+		hash = hex.EncodeToString(sum[:])
+		attrs = append(attrs, attribute.String("idem.key.hash", hash))
 	}
 	if o.opts.Store != "" {
 		attrs = append(attrs, attribute.String("idem.store", o.opts.Store))
@@ -139,8 +140,7 @@ func (o *observer) span(ctx context.Context, phase, key string) (context.Context
 	ctx, sp := o.tracer.Start(ctx, phase, trace.WithAttributes(attrs...))
 	return ctx, func(err error) {
 		if err != nil {
-			sp.RecordError(err)
-			sp.SetStatus(codes.Error, err.Error())
+			o.failSpan(sp, key, hash, err)
 		}
 		sp.End()
 	}

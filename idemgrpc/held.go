@@ -17,24 +17,20 @@ import (
 // SetHeader after one, kept so for a handler whose SendHeader was held.
 var errHeaderSentInTx = status.Error(codes.Internal, "idemgrpc: the headers were sent already (SendHeader)")
 
-// hold keeps md, to pass on once the transaction commits, if the stream
-// holds what the handler sets; held reports whether it does. header says
-// whether md is headers (send: from SendHeader) or trailers.
-func (r *recordingStream) hold(md metadata.MD, header, send bool) (held bool, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// hold keeps md, to pass on once the transaction commits. header says
+// whether md is headers (send: from SendHeader) or trailers. The caller
+// holds mu, and calls it only while the stream holds (r.held).
+func (r *recordingStream) hold(md metadata.MD, header, send bool) error {
 	switch {
-	case !r.held:
-		return false, nil
 	case !header:
 		r.heldTrailer = metadata.Join(r.heldTrailer, md) // a copy: the handler may change md afterwards
-		return true, nil
+		return nil
 	case r.headerSent:
-		return true, errHeaderSentInTx
+		return errHeaderSentInTx
 	}
 	r.headerSent = send
 	r.heldHeader = metadata.Join(r.heldHeader, md)
-	return true, nil
+	return nil
 }
 
 // release passes what the handler set on to the call's stream, and from

@@ -322,7 +322,9 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 			defer cancel()
 		}
 		rec := &recordingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(work), keep: s.keep, maxReply: s.opts.MaxStoredReply}
+		defer rec.end() // a panic or a Goexit ends it too
 		resp, err := handler(grpc.NewContextWithServerTransportStream(work, rec), req)
+		rec.end() // what its goroutines set from now on is refused
 		own = resp
 		return rec.reply(resp, err)
 	})

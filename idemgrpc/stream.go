@@ -21,7 +21,12 @@ type recordingStream struct {
 	keep     metadataPolicy // which headers and trailers are remembered
 	maxReply int            // the largest response message remembered, in bytes
 
+	// mu orders what the handler sets, from whatever goroutine, against
+	// end: once the handler has returned, nothing more of its is taken,
+	// neither passed on nor remembered, so that the call that ran it and
+	// every replay carry the metadata it returned with.
 	mu      sync.Mutex
+	ended   bool        // guarded by mu
 	header  metadata.MD // guarded by mu
 	trailer metadata.MD // guarded by mu
 
@@ -32,61 +37,64 @@ type recordingStream struct {
 	heldHeader, heldTrailer metadata.MD
 }
 
+// errSetAfterReturn refuses metadata a handler's goroutine sets after the
+// handler returned.
+var errSetAfterReturn = status.Error(codes.Internal, "idemgrpc: the handler set metadata after it returned; it was neither sent nor remembered")
+
+// end marks the handler returned: what it sets from then on is refused.
+func (r *recordingStream) end() {
+	r.mu.Lock()
+	r.ended = true
+	r.mu.Unlock()
+}
+
 func (r *recordingStream) SetHeader(md metadata.MD) error {
-	if held, err := r.hold(md, true, false); held {
-		if err == nil {
-			r.record(&r.header, md)
-		}
-		return err
-	}
-	if r.ServerTransportStream != nil {
-		if err := r.ServerTransportStream.SetHeader(md); err != nil {
-			return err // not sent: not remembered
-		}
-	}
-	r.record(&r.header, md)
-	return nil
+	return r.set(md, true, false, grpc.ServerTransportStream.SetHeader)
 }
 
 func (r *recordingStream) SendHeader(md metadata.MD) error {
-	if held, err := r.hold(md, true, true); held {
-		if err == nil {
-			r.record(&r.header, md)
-		}
-		return err
-	}
-	if r.ServerTransportStream != nil {
-		if err := r.ServerTransportStream.SendHeader(md); err != nil {
-			return err // not sent: not remembered
-		}
-	}
-	r.record(&r.header, md)
-	return nil
+	return r.set(md, true, true, grpc.ServerTransportStream.SendHeader)
 }
 
 func (r *recordingStream) SetTrailer(md metadata.MD) error {
-	if held, err := r.hold(md, false, false); held {
-		if err == nil {
-			r.record(&r.trailer, md)
-		}
-		return err
+	return r.set(md, false, false, grpc.ServerTransportStream.SetTrailer)
+}
+
+// set holds md (in the transactional mode) or passes it on to the call's
+// stream with pass, and remembers what is kept of it, unless the handler
+// has returned. header says whether md is headers (send: from SendHeader)
+// or trailers. It holds mu throughout, so that nothing the handler sets
+// reaches the stream once end has returned.
+func (r *recordingStream) set(md metadata.MD, header, send bool, pass func(grpc.ServerTransportStream, metadata.MD) error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return errSetAfterReturn
 	}
-	if r.ServerTransportStream != nil {
-		if err := r.ServerTransportStream.SetTrailer(md); err != nil {
+	if r.held {
+		if err := r.hold(md, header, send); err != nil {
+			return err
+		}
+	} else if r.ServerTransportStream != nil {
+		if err := pass(r.ServerTransportStream, md); err != nil {
 			return err // not sent: not remembered
 		}
 	}
-	r.record(&r.trailer, md)
+	if header {
+		r.record(&r.header, md)
+	} else {
+		r.record(&r.trailer, md)
+	}
 	return nil
 }
 
-// record adds the part of md that is remembered to *to.
+// record adds the part of md that is remembered to *to. The caller holds
+// mu.
 func (r *recordingStream) record(to *metadata.MD, md metadata.MD) {
 	kept := r.keep.filter(md) // a copy: the handler may change md afterwards
 	if kept == nil {
 		return
 	}
-	r.mu.Lock()
 	if *to == nil {
 		*to = kept
 	} else {
@@ -94,7 +102,6 @@ func (r *recordingStream) record(to *metadata.MD, md metadata.MD) {
 			(*to)[k] = append((*to)[k], vs...)
 		}
 	}
-	r.mu.Unlock()
 }
 
 // reply turns the handler's outcome into what the store keeps: a response,

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"unicode"
@@ -17,13 +18,24 @@ import (
 
 // RequestFingerprint identifies a request by its method, path as sent
 // (escaped: /items/a%2Fb and /items/a/b are two resources, as Go's mux
-// routes them), query (with its parameters sorted) and body, byte for byte.
-// It is the middleware's default Options.Fingerprint.
+// routes them), query (with its parameters sorted; one url.ParseQuery
+// cannot read whole, as it was sent) and body, byte for byte. It is the
+// middleware's default Options.Fingerprint.
 func RequestFingerprint(r *http.Request, body []byte) (idem.Fingerprint, error) {
 	h := sha256.New()
 	query := ""
 	if r.URL.RawQuery != "" { // an empty one encodes as "": spare parsing it into a map
-		query = r.URL.Query().Encode()
+		values, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			// ParseQuery drops the pairs it cannot read (a ';'
+			// separator, a bad escape), so that two queries that differ
+			// there would read alike, while a handler reading RawQuery
+			// tells them apart. Marked by a byte that no encoded query
+			// holds, so that it never reads as a canonical one.
+			query = "\x01" + r.URL.RawQuery
+		} else {
+			query = values.Encode()
+		}
 	}
 	for _, part := range []string{r.Method, r.URL.EscapedPath(), query} {
 		h.Write([]byte(part))

@@ -15,7 +15,10 @@ type Fingerprint [sha256.Size]byte
 // Options.Fingerprint says otherwise: the SHA-256 of the payload, with a
 // []byte or string hashed as it is and any other value hashed as its JSON
 // encoding. A value that encoding/json cannot encode, such as a channel, is an
-// error, and so is a panic in the value's MarshalJSON.
+// error, and so is a panic in the value's MarshalJSON; so is a string in it
+// that is not valid UTF-8, which the encoding would write as U+FFFD, as it
+// writes any other such string (a []byte or a string payload is hashed as
+// it is, whatever its bytes).
 func DefaultFingerprint(payload any) (fp Fingerprint, err error) {
 	switch p := payload.(type) {
 	case []byte:
@@ -28,9 +31,14 @@ func DefaultFingerprint(payload any) (fp Fingerprint, err error) {
 	returned := false
 	defer guard(&returned, func(v any) { fp, err = Fingerprint{}, fmt.Errorf("idem: payload's JSON encoding panicked: %v", v) }, nil)
 	b, err := json.Marshal(payload)
-	returned = true
 	if err != nil {
+		returned = true
 		return Fingerprint{}, fmt.Errorf("idem: payload has no JSON encoding to fingerprint: %w", err)
+	}
+	lossy := lossyJSON(payload, b) // under the guard: it calls the payload's MarshalText
+	returned = true
+	if lossy {
+		return Fingerprint{}, errNotUTF8
 	}
 	return sha256.Sum256(b), nil
 }

@@ -44,6 +44,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "kill loop child:", runKillLoopChild())
 		os.Exit(1)
 	}
+	if os.Getenv(queueKillEnv) != "" { // consumes until SIGKILLed (queue_killloop_test.go)
+		fmt.Fprintln(os.Stderr, "queue kill loop child:", runQueueKillChild())
+		os.Exit(1)
+	}
 	if os.Getenv(childEnv) != "" {
 		if err := runChild(); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)

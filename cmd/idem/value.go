@@ -45,7 +45,7 @@ func writeValue(w io.Writer, label string, b []byte) {
 		writeHeader(w, "header", r.Header)
 		switch {
 		case r.Omitted != "":
-			fmt.Fprintf(w, "  body:      not kept (%s)\n", r.Omitted)
+			fmt.Fprintf(w, "  body:      not kept (%s)\n", escapeControls(r.Omitted))
 		case len(r.Body) == 0:
 			fmt.Fprintln(w, "  body:      empty")
 		default:
@@ -83,7 +83,9 @@ func writeHeader(w io.Writer, what string, h map[string][]string) {
 	sort.Strings(names)
 	for _, name := range names {
 		for _, v := range h[name] {
-			fmt.Fprintf(w, "  %s %s: %q\n", what, name, v)
+			// The name as the handler set it, which the recorder keeps
+			// whatever its bytes: escaped, as a body is.
+			fmt.Fprintf(w, "  %s %s: %q\n", what, escapeControls(name), v)
 		}
 	}
 }

@@ -219,6 +219,7 @@ func (t *Ticket[R]) settle(val R, err error) (R, error) {
 	if t.e == nil || t.finished {
 		return t.val, t.err
 	}
+	err = checkedError(err) // before finished: a Goexit in it is fn's
 	t.finished = true
 	t.val, t.err = t.s.finish(t, val, err)
 	return t.val, t.err

@@ -1,0 +1,85 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/seed094d4201/idem"
+	"github.com/seed094d4201/idem/idemtest"
+)
+
+// declineError is an error type whose Error reads through a pointer: a
+// nil *declineError, returned as an error, panics when read, the
+// typed-nil mistake.
+type declineError struct{ reason string }
+
+func (e *declineError) Error() string { return "declined: " + e.reason }
+
+// unwrapPanics is an error whose Unwrap panics.
+type unwrapPanics struct{}
+
+func (unwrapPanics) Error() string { return "unwrap panics" }
+func (unwrapPanics) Unwrap() error { panic("unwrap panics") }
+
+// The error the work returns is the user's code: its methods, which the
+// store calls to classify and record it (Error, Unwrap, Is, As), may
+// panic. That panic must not escape the library (on RunOnce's own
+// goroutine it crashed the process), and the key must be settled.
+func TestWorkErrorWhoseErrorMethodPanicsIsSettled(t *testing.T) {
+	s := newStore[int](t, idem.Options{Backend: idemtest.NewMemoryBackend()})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var runs atomic.Int32
+	fn := func(context.Context) (int, error) {
+		runs.Add(1)
+		var typedNil *declineError
+		return 0, idem.Final(typedNil)
+	}
+	for range 2 {
+		_, err := s.RunOnce(ctx, "order-1", "p", fn)
+		if err == nil || !idem.IsFinal(err) {
+			t.Fatalf("got %v, want a final error", err)
+		}
+		_ = err.Error() // readable
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("fn ran %d times, want once: a final outcome is replayed", n)
+	}
+}
+
+func TestWorkErrorWhoseUnwrapPanicsReleasesTheKey(t *testing.T) {
+	s := newStore[int](t, idem.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var runs atomic.Int32
+	fn := func(context.Context) (int, error) {
+		runs.Add(1)
+		return 0, unwrapPanics{}
+	}
+	for range 2 {
+		_, err := s.RunOnce(ctx, "order-1", "p", fn)
+		var pe *idem.PanicError
+		if !errors.As(err, &pe) {
+			t.Fatalf("got %v, want a *PanicError", err)
+		}
+	}
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("fn ran %d times, want twice: a failure before commit releases the key", n)
+	}
+}
+
+func TestTicketFinishWithAnErrorWhoseMethodsPanicReturns(t *testing.T) {
+	s := newStore[int](t, idem.Options{Backend: idemtest.NewMemoryBackend()})
+	tk, err := s.Begin(context.Background(), "order-1", "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tk.Release()
+	_, err = tk.Finish(0, unwrapPanics{})
+	if err == nil {
+		t.Fatal("Finish returned no error")
+	}
+	_ = err.Error()
+}

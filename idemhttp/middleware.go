@@ -467,12 +467,15 @@ type bodyReader struct{ bytes.Reader }
 func (*bodyReader) Close() error { return nil }
 
 // readBody is io.ReadAll sized for a body whose length is declared (size
-// at most limit), so that it is read into one buffer rather than grown.
+// at most limit), so that it is read into one buffer rather than grown,
+// up to maxUpfront: past that, the buffer grows as the bytes come, so
+// that a client that declares a large body and sends none of it (one per
+// connection, stalled) costs the server no more than that each.
 func readBody(r io.Reader, size, limit int64) ([]byte, error) {
 	if size < 0 || size > limit {
 		return io.ReadAll(r)
 	}
-	b := make([]byte, 0, size+1) // one more, to see the end without growing
+	b := make([]byte, 0, min(size+1, maxUpfront)) // one more, to see the end without growing
 	for {
 		n, err := r.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
@@ -487,6 +490,10 @@ func readBody(r io.Reader, size, limit int64) ([]byte, error) {
 		}
 	}
 }
+
+// maxUpfront is the most readBody allocates for a body before its bytes
+// arrive.
+const maxUpfront = 64 << 10
 
 // afterRun finishes a request whose handler ran here and has written its
 // response, or started to, or took the connection over (written).

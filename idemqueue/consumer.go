@@ -75,8 +75,9 @@ type Options struct {
 	// BusyWait bounds how long Handle waits for another delivery of the
 	// same id that runs, here or in another process, before it answers
 	// Retry after BusyDelay: a consumer's slot is not held for the whole
-	// of another's handler. Zero means 5 s; negative means only ctx
-	// bounds the wait.
+	// of another's handler. A TxConsumer's call bounds so its wait for a
+	// delivery of the id in flight in this process (TxConsumer.Call).
+	// Zero means 5 s; negative means only ctx bounds the wait.
 	BusyWait time.Duration
 
 	// InterruptedDelay is how long it waits when an earlier delivery's

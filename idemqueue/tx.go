@@ -7,6 +7,7 @@ import (
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemqueue/internal/contain"
+	"github.com/seed094d4201/idem/internal/txrun"
 )
 
 // A RunOnceTx is a backend's transactional mode for results of type R,
@@ -72,9 +73,24 @@ func (c *TxConsumer[R, Tx]) Handle(ctx context.Context, key string, payload any,
 // Call returns the call Consumer.HandleTx takes (and the adapters'
 // HandleTx, RunTx) that runs fn through the store's RunOnceTx: for an
 // adapter that gives fn the message as well.
+//
+// Its wait for another delivery of the same id in flight in this
+// process is bounded by Options.BusyWait, as Handle's is: past it, the
+// call gives up (idem.ErrInProgress), so that HandleTx answers Retry
+// after BusyDelay and the consumer's slot is not held for the whole of
+// the other's handler. Once it owns the key, it waits for its own
+// transaction, whatever BusyWait or ctx say: the outcome is this
+// delivery's to settle. (A transaction's wait for its database, another
+// process's row or a file's one writer, is the backend's, unbounded.)
 func (c *TxConsumer[R, Tx]) Call(fn func(ctx context.Context, tx Tx) (R, error)) func(ctx context.Context, key string, payload any) error {
 	return func(ctx context.Context, key string, payload any) error {
-		_, err := c.run(ctx, c.q.store, key, payload, fn)
+		if c.q.opts.BusyWait < 0 { // only ctx bounds the wait
+			_, err := c.run(ctx, c.q.store, key, payload, fn)
+			return err
+		}
+		wait := txrun.NewWaitBound(ctx, c.q.opts.BusyWait)
+		defer wait.Stop()
+		_, err := c.run(txrun.WithBound(wait.Ctx(), wait, key), c.q.store, key, payload, fn)
 		return err
 	}
 }

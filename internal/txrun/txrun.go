@@ -106,6 +106,10 @@ func Run[R any](ctx context.Context, store *idem.Store[R], key string, payload a
 		// Not for the calls tx's work makes: theirs are not this call's answer.
 		ctx = context.WithValue(ctx, replayNoteKey{}, (*replayNote)(nil))
 	}
+	bound, _ := ctx.Value(boundKey{}).(*keyedBound)
+	if bound != nil { // nor the bound (WithBound)
+		ctx = context.WithValue(ctx, boundKey{}, (*keyedBound)(nil))
+	}
 	l := Of(store)
 	t, err := l.BeginLocal(ctx, key, payload)
 	if err != nil {
@@ -114,6 +118,10 @@ func Run[R any](ctx context.Context, store *idem.Store[R], key string, payload a
 	if t.Replayed() { // another call's outcome, this process's: a replay
 		note.replay(key)
 		return t.Result()
+	}
+	if bound != nil && bound.key == key && !bound.b.Start() {
+		t.Release() // the wait ended first: nothing ran, nothing is kept
+		return zero, ErrGaveUp
 	}
 	fp, err := l.Options().Fingerprint(payload)
 	if err != nil {

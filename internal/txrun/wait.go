@@ -73,3 +73,24 @@ func (b *WaitBound) Stop() {
 	b.stopCaller()
 	b.cancel()
 }
+
+// A keyedBound is a WaitBound that a Run for key starts (WithBound).
+type keyedBound struct {
+	b   *WaitBound
+	key string
+}
+
+type boundKey struct{}
+
+// WithBound returns ctx carrying b for a Run under it for key: Run starts
+// b once it owns key in this process, before its transaction begins, and
+// gives up (ErrGaveUp), running nothing, if b's wait ended first. So b,
+// whose Ctx ctx must be made of, bounds the wait for a call of the same
+// key in flight in this process, and never the run that follows, nor
+// its transaction's own waits for the database. It is how a queue
+// consumer's TxConsumer bounds a redelivery's wait for the delivery in
+// flight (idemqueue's BusyWait). A Run for another key, or one nested in
+// the work of a Run, leaves b alone.
+func WithBound(ctx context.Context, b *WaitBound, key string) context.Context {
+	return context.WithValue(ctx, boundKey{}, &keyedBound{b: b, key: key})
+}

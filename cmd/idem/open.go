@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -94,7 +95,7 @@ func openTarget(ctx context.Context, where, name string, readOnly bool, w io.Wri
 	}
 	// bolt.Open would create a missing file; an operator means an existing one.
 	if _, err := os.Stat(where); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, missingFile(where, err)
 	}
 	// An operator's tool reads the whole file first, however it was closed:
 	// it is what is run on a file someone doubts.
@@ -136,13 +137,34 @@ func openSQLite(ctx context.Context, path, name string, readOnly bool) (target, 
 	return b, func() { db.Close() }, nil
 }
 
+// missingFile is the error of a WHERE that names no file, shown as
+// display shows it: a PostgreSQL DSN in keyword/value form (host=...
+// password=...), which idem does not take, lands here, and os.Stat's
+// error quoted it whole, password and all.
+func missingFile(where string, err error) error {
+	var pe *os.PathError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	err = fmt.Errorf("%s: %w", display(where), pe.Err)
+	if strings.Contains(where, "=") {
+		err = fmt.Errorf("%w (a PostgreSQL DSN is given as a postgres:// URL)", err)
+	}
+	return err
+}
+
+// keywordPassword is a password in a keyword/value DSN: the value, bare
+// or single-quoted, of the keyword password.
+var keywordPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)`)
+
 // display returns where as it may be shown: a URL's password, in its user
 // part or as a password parameter, is redacted, and a URL that does not
-// parse is not shown at all, since it may hold one.
+// parse is not shown at all, since it may hold one; so is the password
+// of what reads as a keyword/value DSN.
 func display(where string) string {
 	scheme, _, isURL := strings.Cut(where, "://")
 	if !isURL {
-		return where // a file
+		return keywordPassword.ReplaceAllString(where, "${1}xxxxx") // a file, or a DSN taken for one
 	}
 	u, err := url.Parse(where)
 	if err != nil {

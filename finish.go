@@ -135,7 +135,7 @@ func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) 
 // keep completes e, whose outcome is final, until its TTL from now.
 func (s *Store[R]) keep(e *entry[R]) {
 	if s.sysClock {
-		s.table.complete(e, time.Now().Add(s.opts.TTL))
+		s.table.complete(e, s.now().Add(s.opts.TTL))
 		return
 	}
 	s.keepByUserClock(e)

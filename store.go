@@ -23,6 +23,9 @@ type Store[R any] struct {
 	// sysClock: Options.Now was nil, so the clock is time.Now, which
 	// neither panics nor ends the goroutine.
 	sysClock bool
+	// epoch is when the store was made, read from the system clock; now
+	// measures the system clock's time from it.
+	epoch time.Time
 
 	closeOnce sync.Once
 	closeDone chan struct{} // closed once closing has finished
@@ -67,6 +70,7 @@ func New[R any](opts Options) *Store[R] {
 		closeDone: make(chan struct{}),
 		recorded:  make(chan struct{}, 1),
 		sysClock:  opts.Now == nil,
+		epoch:     time.Now(),
 	}
 	s.table = newTable[R](s.opts.MaxKeys)
 	if s.opts.Backend != nil {
@@ -155,10 +159,16 @@ func (s *Store[R]) claim(key string, fp Fingerprint, wantDone bool) (*entry[R], 
 	return e, kind, err
 }
 
-// now is Options.Now, called directly when it is the system clock.
+// now is Options.Now, the instant the table judges expiry by. On the system
+// clock it is read on its monotonic side alone, one clock read where
+// time.Now makes two: every instant the table compares (a claim's, an
+// expiry, a sweep's) then carries a monotonic reading, and two such
+// instants compare by it alone, as time.Now's do, whatever the wall clock
+// does meanwhile. (Its wall reading is the epoch's plus the time since,
+// which nothing reads.)
 func (s *Store[R]) now() time.Time {
 	if s.sysClock {
-		return time.Now()
+		return s.epoch.Add(time.Since(s.epoch))
 	}
 	return s.opts.Now()
 }

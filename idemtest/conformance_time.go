@@ -27,17 +27,24 @@ func testLapsedLeaseIsInterrupted(t *testing.T, b backend.Backend) {
 	}
 	eventually(t, func() bool { rec, _ := get(t, b, "k"); return rec.State == backend.StateInterrupted },
 		"a pending record whose lease lapsed must read as interrupted")
+	// It keeps its LeaseUntil: a lapse alone is no proof of death (a
+	// clock can step), and a record with none reads as one whose owner
+	// is proven dead, which a Store takes over at once (Resume,
+	// RetryInterrupted) rather than after watching it go unrenewed.
+	rec, _ := get(t, b, "k")
+	assert.False(t, rec.LeaseUntil.IsZero(), "Get reports a lapsed claim with its LeaseUntil, not as proven dead")
 
 	got, won, err := b.Claim(ctx, request("k"), time.Now(), lease)
 	require.NoError(t, err)
 	assert.False(t, won, "an interrupted record is never taken over by Claim")
 	assert.Equal(t, backend.StateInterrupted, got.State)
 	assert.Equal(t, claim.Token, got.Token)
+	assert.False(t, got.LeaseUntil.IsZero(), "Claim reports a lapsed claim with its LeaseUntil, not as proven dead")
 	// Its owner's renewal brings it back: a lease judged lapsed by a clock
 	// that stepped forward is still a live owner's, and a Store takes a
 	// lapsed claim over only once it has seen it go unrenewed.
 	require.NoError(t, b.Renew(ctx, "k", claim.Token, time.Now(), lease), "a lapsed lease is renewed by its owner")
-	rec, _ := get(t, b, "k")
+	rec, _ = get(t, b, "k")
 	assert.Equal(t, backend.StatePending, rec.State, "a renewed lease holds again")
 	require.NoError(t, b.Renew(ctx, "k", claim.Token, time.Now(), shortLease))
 	eventually(t, func() bool { rec, _ := get(t, b, "k"); return rec.State == backend.StateInterrupted },

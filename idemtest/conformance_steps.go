@@ -27,6 +27,7 @@ func RunSteps(t *testing.T, newBackend func(t *testing.T) backend.Stepper) {
 		{"ResumeKeepsSteps", testResumeKeepsSteps},
 		{"ResumeHasOneWinner", testResumeHasOneWinner},
 		{"ResumeOnlyInterrupted", testResumeOnlyInterrupted},
+		{"ResumedClaimHoldsItsLease", testResumedClaimHoldsItsLease},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.test(t, newBackend(t)) })
 	}
@@ -169,4 +170,18 @@ func testResumeOnlyInterrupted(t *testing.T, b backend.Stepper) {
 	interruptedWithSteps(t, b, "dead")
 	_, err = b.Resume(ctx, "dead", "another token", token(), time.Now(), lease)
 	assert.ErrorIs(t, err, backend.ErrNotOwner, "nor a record under another token")
+}
+
+// A resumed claim holds the lease Resume was given, and lapses when it is
+// not renewed, as a claim does: one that held none would leave the key of
+// a resumer that died pending for good, which Forget refuses.
+func testResumedClaimHoldsItsLease(t *testing.T, b backend.Stepper) {
+	ctx := context.Background()
+	dead := interruptedWithSteps(t, b, "k", "one")
+	rec, err := b.Resume(ctx, "k", dead.Token, token(), time.Now(), shortLease)
+	require.NoError(t, err)
+	assert.False(t, rec.LeaseUntil.IsZero(), "the resumed claim has a lease")
+	eventually(t, func() bool { got, _ := get(t, b, "k"); return got.State == backend.StateInterrupted },
+		"the resumed claim's lease lapses when it is not renewed")
+	require.NoError(t, b.Forget(ctx, "k", time.Now()), "a resumed claim whose lease lapsed can be forgotten")
 }

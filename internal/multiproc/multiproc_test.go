@@ -48,6 +48,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "queue kill loop child:", runQueueKillChild())
 		os.Exit(1)
 	}
+	if os.Getenv(jsKillEnv) != "" { // consumes until SIGKILLed (jetstream_killloop_test.go)
+		fmt.Fprintln(os.Stderr, "JetStream kill loop child:", runJetStreamKillChild())
+		os.Exit(1)
+	}
 	if os.Getenv(childEnv) != "" {
 		if err := runChild(); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)

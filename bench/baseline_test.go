@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"sync"
@@ -58,6 +59,39 @@ func (mm *mutexMap) do(key string, payload []byte, fn func() (receipt, error)) (
 	e.val, e.expires = v, time.Now().Add(24*time.Hour)
 	mm.mu.Unlock()
 	return v, err
+}
+
+// doDetached is do with fn on a goroutine of its own, the caller waiting
+// for it or for ctx: the least a table costs whose caller may leave while
+// fn goes on, as idem's does when the caller's ctx can end.
+func (mm *mutexMap) doDetached(ctx context.Context, key string, payload []byte, fn func() (receipt, error)) (receipt, error) {
+	fp := sha256.Sum256(payload)
+	mm.mu.Lock()
+	if _, ok := mm.m[key]; ok {
+		mm.mu.Unlock()
+		return receipt{}, errInFlight // the new key rows never replay
+	}
+	e := &mutexMapEntry{fp: fp}
+	mm.m[key] = e
+	mm.mu.Unlock()
+	type result struct {
+		v   receipt
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := fn()
+		mm.mu.Lock()
+		e.val, e.expires = v, time.Now().Add(24*time.Hour)
+		mm.mu.Unlock()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		return receipt{}, ctx.Err()
+	}
 }
 
 // singleflightDo is singleflight.Group.Do with the payload's SHA-256, the

@@ -132,6 +132,20 @@ var idemDetached = impl{"idem-cancellable-ctx", func() (func(string), func()) {
 		}
 }}
 
+// mutexmapDetached is the mutex map with fn on a goroutine of its own and
+// the caller waiting under a context that can be cancelled: the floor for
+// idem-cancellable-ctx, whose caller may leave while fn goes on.
+var mutexmapDetached = impl{"mutexmap-cancellable-ctx", func() (func(string), func()) {
+	mm := newMutexMap()
+	ctx, cancel := context.WithCancel(context.Background())
+	fn := func() (receipt, error) { return fnReceipt, nil }
+	return func(key string) {
+		if _, err := mm.doDetached(ctx, key, payload, fn); err != nil {
+			panic(err)
+		}
+	}, cancel
+}}
+
 // idemBegin is idem's two phases: Begin, then Finish with fn's outcome, as
 // a queue consumer or an adapter calls them.
 var idemBegin = impl{"idem-begin-finish", func() (func(string), func()) {
@@ -157,7 +171,7 @@ var idemBegin = impl{"idem-begin-finish", func() (func(string), func()) {
 // fingerprint, run fn (which returns at once), record and keep. Every
 // implementation grows to b.N keys, so compare runs with one -benchtime=Nx.
 func BenchmarkNewKey(b *testing.B) {
-	for _, im := range append(impls, idemDetached, idemBegin) {
+	for _, im := range append(impls, idemDetached, mutexmapDetached, idemBegin) {
 		for _, g := range goroutines {
 			b.Run(fmt.Sprintf("impl=%s/g=%d", im.name, g), func(b *testing.B) {
 				keys := makeKeys(b.N)

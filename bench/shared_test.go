@@ -110,9 +110,9 @@ return 1`)
 }
 
 // BenchmarkSharedNewKey: a new key through a postgres- or redis-backed store
-// against the raw statements, by 1 and 32 callers.
+// against the raw statements, by 1, 16 and 32 callers.
 func BenchmarkSharedNewKey(b *testing.B) {
-	for _, g := range []int{1, 32} {
+	for _, g := range []int{1, 16, 32} {
 		for _, im := range []struct {
 			name string
 			new  func(b *testing.B) func(string)

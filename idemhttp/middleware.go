@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -485,7 +486,11 @@ func readBody(r io.Reader, size, limit int64) ([]byte, error) {
 			}
 			return b, err
 		}
-		if len(b) == cap(b) {
+		switch {
+		case len(b) < cap(b):
+		case int64(cap(b)) <= size: // the bytes come: double, up to the size declared and one more
+			b = slices.Grow(b, int(min(size+1, 2*int64(cap(b))))-len(b))
+		default:
 			b = append(b, 0)[:len(b)] // longer than declared: grow as ReadAll does
 		}
 	}

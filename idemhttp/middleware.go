@@ -114,11 +114,14 @@ type Options struct {
 	// Location, ETag, ...), but those in SkipHeaders. Either way hop-by-hop
 	// headers, Set-Cookie, Authorization, Proxy-Authenticate,
 	// WWW-Authenticate, Content-Length and Date are never stored: a replay
-	// carries credentials of no one, and a fresh Date and length.
+	// carries credentials of no one, and a fresh Date and length; and
+	// Content-Encoding and Content-Range, which say what the stored body's
+	// bytes are, are always stored with it.
 	StoredHeaders []string
 
 	// SkipHeaders are response headers never remembered, besides those
 	// above, such as a per-response X-Request-Id. Nil means none.
+	// Content-Encoding and Content-Range are remembered all the same.
 	SkipHeaders []string
 
 	// MaxStoredBody bounds the response body remembered, in bytes. A larger

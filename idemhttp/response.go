@@ -112,9 +112,21 @@ func newHeaderPolicy(only, skip []string) headerPolicy {
 	return headerPolicy{only: set(only), skip: set(skip)}
 }
 
+// bodyCoding are the headers that say what a stored body's bytes are:
+// remembered with the body whatever StoredHeaders and SkipHeaders say,
+// since the bytes replayed without them are not the answer (gzip bytes
+// with no Content-Encoding). A response replayed without its body drops
+// them with the other bodyHeaders.
+var bodyCoding = map[string]bool{"Content-Encoding": true, "Content-Range": true}
+
 // keeps reports whether the header with canonical name is remembered.
 func (p headerPolicy) keeps(name string) bool {
-	if neverStored[name] || p.skip[name] {
+	switch {
+	case neverStored[name]:
+		return false
+	case bodyCoding[name]:
+		return true
+	case p.skip[name]:
 		return false
 	}
 	return p.only == nil || p.only[name]

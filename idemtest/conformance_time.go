@@ -258,6 +258,15 @@ func testGetAndForget(t *testing.T, b backend.Backend) {
 	assert.ErrorIs(t, b.Forget(ctx, "busy", time.Now()), idem.ErrInProgress, "a claim whose lease holds cannot be forgotten")
 	_, ok = get(t, b, "busy")
 	assert.True(t, ok)
+
+	// A claim with no lease (lease 0) never lapses: its owner may be at
+	// work for as long as it takes, so it is as live as one whose lease
+	// holds.
+	claimKey(t, b, "leaseless", 0)
+	assert.ErrorIs(t, b.Forget(ctx, "leaseless", time.Now()), idem.ErrInProgress, "a claim with no lease cannot be forgotten")
+	got, ok = get(t, b, "leaseless")
+	assert.True(t, ok)
+	assert.Equal(t, backend.StatePending, got.State, "a claim with no lease stays pending")
 }
 
 // century is the longest lease or TTL a Store sends.

@@ -430,6 +430,12 @@ func scan(rows *sql.Rows) (backend.Record, error) {
 	if state < int64(backend.StatePending) || state > int64(backend.StateInterrupted) {
 		return backend.Record{}, fmt.Errorf("sqlite: key %q: unknown state %d", rec.Key, state)
 	}
+	if state == int64(backend.StateCompleted) && !expires.Valid {
+		// Complete always sets one: without it, the zero instant would
+		// make the outcome long expired, and Get would report the key
+		// absent while every claim of it fails.
+		return backend.Record{}, fmt.Errorf("sqlite: key %q: a completed record without an expiry", rec.Key)
+	}
 	copy(rec.Fingerprint[:], fp)
 	rec.State = backend.RecordState(state)
 	rec.CreatedAt = time.Unix(0, created)

@@ -187,8 +187,11 @@ const (
 	// seen is the state column as the server's clock judges it: a pending
 	// record whose lease lapsed is interrupted.
 	seen = `CASE WHEN state = 1 AND lease_until <= ` + serverNow + ` THEN 3 ELSE state END`
-	// live excludes completed records that have expired.
-	live = `NOT (state = 2 AND expires_at <= ` + serverNow + `)`
+	// live excludes completed records that have expired. A completed
+	// record without an expiry (none Complete writes: a damaged row) is
+	// kept, for scanInto to report, not compared to NULL and left out,
+	// which would make Get answer "no record".
+	live = `(state = 2 AND expires_at <= ` + serverNow + `) IS NOT TRUE`
 	// seenColumns are columns with the state as seen.
 	seenColumns = `key, fingerprint, token, ` + seen + `, created_at, expires_at, lease_until, value, failed, err_msg, steps`
 )
@@ -591,6 +594,9 @@ func scanInto(rows pgx.Rows, r *row, extra []any) (backend.Record, bool, error) 
 	}
 	copy(rec.Fingerprint[:], r.fp)
 	rec.State = backend.RecordState(r.state)
+	if rec.State == backend.StateCompleted && r.expires == nil {
+		return backend.Record{}, false, fmt.Errorf("postgres: key %q: a completed record without an expiry", rec.Key)
+	}
 	if r.expires != nil {
 		rec.ExpiresAt = *r.expires
 	}

@@ -219,10 +219,29 @@ func (t *Ticket[R]) settle(val R, err error) (R, error) {
 	if t.e == nil || t.finished {
 		return t.val, t.err
 	}
-	err = checkedError(err) // before finished: a Goexit in it is fn's
+	if err != nil {
+		err = t.checked(err)
+	}
 	t.finished = true
 	t.val, t.err = t.s.finish(t, val, err)
 	return t.val, t.err
+}
+
+// checked is checkedError for the error t's work ended with. Should one of
+// its methods end the goroutine (runtime.Goexit), t is finished on the
+// way out as a work that exited is, so that its key is not left in flight
+// for a Finish that had dropped its finalizer. Apart from settle so that
+// a success carries no deferred call.
+func (t *Ticket[R]) checked(err error) error {
+	returned := false
+	defer exiting(&returned, func() {
+		var zero R
+		t.finished = true
+		t.val, t.err = t.s.finish(t, zero, errGoexit)
+	})
+	err = checkedError(err)
+	returned = true
+	return err
 }
 
 // dropFinalizer removes the finalizer of a ticket about to be finished:

@@ -17,8 +17,8 @@ import (
 // a failure before commit, which releases the key, with the method's
 // panic as its value. A nil pointer of an
 // error type whose Error reads it (a typed nil marked Final) is the
-// common case. A Goexit in a method ends the goroutine here, before the
-// ticket is finished, as one in fn does.
+// common case. A Goexit in a method ends the goroutine here, and its
+// caller (Ticket.checked) settles the ticket as for a work that exited.
 func checkedError(err error) (checked error) {
 	if err == nil {
 		return nil

@@ -3,8 +3,10 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemtest"
@@ -82,4 +84,34 @@ func TestTicketFinishWithAnErrorWhoseMethodsPanicReturns(t *testing.T) {
 		t.Fatal("Finish returned no error")
 	}
 	_ = err.Error()
+}
+
+// goexitError is an error whose Error ends the goroutine.
+type goexitError struct{}
+
+func (goexitError) Error() string { runtime.Goexit(); return "" }
+
+func TestTicketFinishWithAnErrorThatEndsTheGoroutineReleasesTheKey(t *testing.T) {
+	s := newStore[int](t, idem.Options{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk, err := s.Begin(context.Background(), "order-1", "p")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		tk.Finish(0, goexitError{}) // no deferred Release: Finish was reached
+	}()
+	<-done
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tk, err := s.Begin(ctx, "order-1", "p")
+	if err != nil {
+		t.Fatalf("the key is still held: %v", err)
+	}
+	if tk.Replayed() {
+		t.Fatal("replayed a failure")
+	}
+	tk.Release()
 }

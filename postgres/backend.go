@@ -593,6 +593,11 @@ func scanInto(rows pgx.Rows, r *row, extra []any) (backend.Record, bool, error) 
 		return backend.Record{}, false, fmt.Errorf("postgres: key %q: %w", rec.Key, err)
 	}
 	copy(rec.Fingerprint[:], r.fp)
+	if r.state < int16(backend.StatePending) || r.state > int16(backend.StateInterrupted) {
+		// A later version's state, or a damaged row: not a record to act
+		// on (a Resolve would take it for interrupted and write over it).
+		return backend.Record{}, false, fmt.Errorf("postgres: key %q: unknown state %d", rec.Key, r.state)
+	}
 	rec.State = backend.RecordState(r.state)
 	if rec.State == backend.StateCompleted && r.expires == nil {
 		return backend.Record{}, false, fmt.Errorf("postgres: key %q: a completed record without an expiry", rec.Key)

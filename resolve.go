@@ -55,7 +55,9 @@ func (s *Store[R]) Resolve(ctx context.Context, key string, val R, err error) er
 		return fmt.Errorf("%w: key %q already has an outcome", ErrNotInterrupted, key)
 	}
 	done := rec
-	if eerr := s.encode(&done, val, Final(err)); eerr != nil {
+	// err's methods are the operator's code: read under guard, as the
+	// work's error is (a typed nil's Error panics).
+	if eerr := s.encode(&done, val, checkedError(Final(err))); eerr != nil {
 		return eerr
 	}
 	switch cerr := s.complete(context.WithoutCancel(ctx), done); {

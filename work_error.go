@@ -35,7 +35,7 @@ func checkedError(err error) (checked error) {
 // brokenError is what replaces err, whose methods panicked with v.
 func brokenError(err error, v any) error {
 	if f, ok := err.(*finalError); ok {
-		return Final(fmt.Errorf("idem: the work's final error (%T) panicked when read: %v", f.err, v))
+		return Final(fmt.Errorf("idem: a final error (%T) panicked when read: %v", f.err, v))
 	}
 	return &PanicError{Value: v, Stack: debug.Stack()} // the stack shows the method that panicked
 }

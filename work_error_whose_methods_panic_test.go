@@ -115,3 +115,28 @@ func TestTicketFinishWithAnErrorThatEndsTheGoroutineReleasesTheKey(t *testing.T)
 	}
 	tk.Release()
 }
+
+// An operator's error is read as the work's is: a typed nil given to
+// Resolve must not panic out of it.
+func TestResolveWithAnErrorWhoseErrorMethodPanicsReturns(t *testing.T) {
+	mem := idemtest.NewMemoryBackend()
+	owner := newStore[int](t, idem.Options{Backend: mem})
+	tk, err := owner.Begin(context.Background(), "order-1", "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tk.Release()
+	mem.Crash() // its owner is dead: the key is interrupted
+	operator := newStore[int](t, idem.Options{Backend: mem})
+	var typedNil *declineError
+	if err := operator.Resolve(context.Background(), "order-1", 0, typedNil); err != nil {
+		t.Fatalf("Resolve: %v", err)
+	}
+	_, err = operator.RunOnce(context.Background(), "order-1", "p", func(context.Context) (int, error) {
+		t.Error("fn ran for a resolved key")
+		return 0, nil
+	})
+	if !idem.IsFinal(err) {
+		t.Fatalf("got %v, want the resolved final error", err)
+	}
+}

@@ -288,6 +288,9 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	}
 	val, err = fn(context.WithValue(ctx, stepFrameKey{}, &stepFrame{op: op, name: name, parent: frame}))
 	returned = true
+	if err != nil {
+		err = checkedError(err) // its methods are the user's code, as the work's error's are
+	}
 	if !isFinalOutcome(err) || record == nil {
 		return val, err
 	}

@@ -140,3 +140,22 @@ func TestResolveWithAnErrorWhoseErrorMethodPanicsReturns(t *testing.T) {
 		t.Fatalf("got %v, want the resolved final error", err)
 	}
 }
+
+// A step's error is the work's too: Step, called in the caller's own
+// control flow under a Ticket, must not panic with it.
+func TestStepWithAnErrorWhoseErrorMethodPanicsReturns(t *testing.T) {
+	s := newStore[int](t, idem.Options{Backend: idemtest.NewMemoryBackend(), Resume: true})
+	tk, err := s.Begin(context.Background(), "order-1", "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tk.Release()
+	_, err = idem.Step(tk.Context(), "charge", func(context.Context) (int, error) {
+		var typedNil *declineError
+		return 0, idem.Final(typedNil)
+	})
+	if !idem.IsFinal(err) {
+		t.Fatalf("got %v, want a final error", err)
+	}
+	_ = err.Error()
+}

@@ -564,6 +564,11 @@ func scanRecord(rows *sql.Rows, extra ...any) (found, error) {
 	if f.rec.Steps, err = backend.ReadSteps(steps); err != nil {
 		return found{}, fmt.Errorf("mysql: key %q: %w", f.rec.Key, err)
 	}
+	if state < int64(backend.StatePending) || state > int64(backend.StateInterrupted) {
+		// A later version's state, or a damaged row: not a record to act
+		// on (a Resolve would take it for interrupted and write over it).
+		return found{}, fmt.Errorf("mysql: key %q: unknown state %d", f.rec.Key, state)
+	}
 	f.rec.State = backend.RecordState(state)
 	f.rec.CreatedAt, f.rec.ExpiresAt, f.rec.LeaseUntil = instant(created), instant(expires), instant(lease)
 	return *f, nil

@@ -248,7 +248,13 @@ func decode(key, v string, expires int64, lapsed bool) (backend.Record, error) {
 	if rec.Steps, err = backend.ReadSteps([]byte(val.steps)); err != nil {
 		return rec, fmt.Errorf("redis: record %q: %w", key, err)
 	}
-	state, _ := strconv.Atoi(val.state)
+	state, err := strconv.Atoi(val.state)
+	if err != nil || state < int(backend.StatePending) || state > int(backend.StateInterrupted) {
+		// A later version's state, or a damaged value: not a record to
+		// act on (a Resolve would take it for interrupted, and the
+		// complete script, which refuses only '2', write over it).
+		return rec, fmt.Errorf("redis: record %q: unknown state %q", key, val.state)
+	}
 	lease, _ := strconv.ParseInt(val.lease, 10, 64)
 	rec.State, rec.LeaseUntil, rec.Token = backend.RecordState(state), fromMillis(lease), val.token
 	if val.created != "" {

@@ -58,8 +58,8 @@ func notUTF8(v reflect.Value, depth int) bool {
 	case t.Implements(jsonMarshaler) || reflect.PointerTo(t).Implements(jsonMarshaler):
 		return false
 	case t.Implements(textMarshaler):
-		if (t.Kind() == reflect.Pointer || t.Kind() == reflect.Interface) && v.IsNil() {
-			return false
+		if (t.Kind() == reflect.Pointer || t.Kind() == reflect.Interface) && v.IsNil() || !v.CanInterface() {
+			return false // nothing to call, or a field reflect cannot hand out: taken
 		}
 		text, err := v.Interface().(encoding.TextMarshaler).MarshalText()
 		return err == nil && !utf8.Valid(text)

@@ -15,6 +15,9 @@ type textOf string
 
 func (t textOf) MarshalText() ([]byte, error) { return []byte(t), nil }
 
+// promoted is embedded unexported: encoding/json promotes its fields.
+type promoted struct{ T textOf }
+
 // rawJSON is a Marshaler that writes a JSON string with an invalid byte,
 // which encoding/json passes through as it is.
 type rawJSON struct{}
@@ -83,6 +86,10 @@ func TestDefaultFingerprintTakesTextThatMerelyLooksLikeUFFFD(t *testing.T) {
 		}{"\xff"},
 		"an unexported field": struct{ a, B string }{"\xff", "\ufffd"},
 		"bytes, base64":       struct{ B []byte }{[]byte("\xff\ufffd")},
+		"promoted from an unexported embedded struct": struct {
+			promoted
+			R json.RawMessage
+		}{promoted{T: "ok"}, json.RawMessage(`"\ufffd"`)},
 	} {
 		_, err := DefaultFingerprint(p)
 		require.NoError(t, err, name)

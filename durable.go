@@ -24,23 +24,19 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 	if err == nil && claim.Token != "" {
 		if s.trusted(sent) {
 			// From here the claim is t's: were the Observer to end this
-			// goroutine, begin's guard releases it.
-			t.claim = &claim
+			// goroutine, begin's guard releases it. The lease holds it,
+			// so that a new key allocates one object for both.
+			l := &lease[R]{s: s, claim: claim}
+			t.claim = &l.claim
 			s.table.confirm(e)
 			endClaim(nil)
 			if s.b.st != nil && s.opts.Resume {
 				t.op.resumeWith(s.b, claim, s.opts.Now, s.opts.Lease, s.opts.SettleTimeout, s.stopping)
 			}
 			t.startSpan()
-			work, cancelWork := s.workContext(t.ctx, nil)
-			work, endWork, stopRenewing := s.renew(work, claim, sent)
-			t.work, t.stopLease = work, stopRenewing
-			t.cancel = func() {
-				endWork()
-				if cancelWork != nil {
-					cancelWork()
-				}
-			}
+			work, endWork := s.workContext(t.ctx, nil)
+			l.renew(work, endWork, sent)
+			t.work, t.cancel, t.stopLease = l.ctx, l.end, l.stop
 			return nil
 		}
 		// The claim's reply came too late to trust its lease: another
@@ -48,7 +44,8 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 		// must not start. Settled in the background: the caller's wait
 		// is bounded by its own ctx.
 		if len(claim.Steps) > 0 { // resumed: keep its recovery point
-			s.startBackground(func() { s.lapse(s.closing, claim) })
+			resumed := claim // captured apart, so that claim stays on the stack
+			s.startBackground(func() { s.lapse(s.closing, resumed) })
 		} else {
 			s.releaseLater(claim.Key, claim.Token)
 		}

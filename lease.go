@@ -25,44 +25,45 @@ func leaseTrust(lease time.Duration) time.Duration { return lease - lease/10 }
 // sees a live owner's renewal land, with time for retries to spare.
 func renewEvery(lease time.Duration) time.Duration { return lease / 4 }
 
-// renew keeps claim's lease alive: a quarter of the lease after each grant
-// was asked for, it asks for the next. The lease is measured on this
-// process's monotonic clock from the moment each request left (sent, for
-// the claim): the backend grants it from a later instant, by whatever clock
-// it keeps, so the owner always gives up first, and skew between clocks
-// cannot make it trust a lapsed lease.
+// renew keeps l.claim's lease alive, its claim sent at sent: a quarter of
+// the lease after each grant was asked for, it asks for the next. The lease
+// is measured on this process's monotonic clock from the moment each
+// request left (sent, for the claim): the backend grants it from a later
+// instant, by whatever clock it keeps, so the owner always gives up first,
+// and skew between clocks cannot make it trust a lapsed lease.
 //
-// The returned context is cancelled with ErrLeaseLost when the claim turns
-// out to be lost, or when the trusted lease runs out without a renewal
-// getting through (a partition, a backend that does not answer), whatever
-// the renewal call is doing. A renewal that fails is tried again every
-// twelfth of the lease, each call bounded so that a retry can still land
-// in time. end cancels the returned context (the work is over) and leaves
-// the renewals running; stop ends the renewals (and the context) and waits
-// for none. The two are apart because a finished owner whose outcome is
-// not yet recorded must keep its claim alive until it is. A renewal already
-// in flight is counted in s.background, so Close waits for it, and its
-// context ends when the store closes. A fast fn costs one timer and no
-// goroutine.
-func (s *Store[R]) renew(ctx context.Context, claim backend.Record, sent time.Time) (_ context.Context, end, stop func()) {
-	l := &lease[R]{s: s, key: claim.Key, token: claim.Token}
-	l.ctx, l.cancel = context.WithCancelCause(ctx)
+// l.ctx, the work's context (work, ended by endWork too), is cancelled
+// with ErrLeaseLost when the claim turns out to be lost, or when the
+// trusted lease runs out without a renewal getting through (a partition,
+// a backend that does not answer), whatever the renewal call is doing. A
+// renewal that fails is tried again every twelfth of the lease, each call
+// bounded so that a retry can still land in time. l.end cancels l.ctx (the
+// work is over) and leaves the renewals running; l.stop ends the renewals
+// (and the context) and waits for none. The two are apart because a
+// finished owner whose outcome is not yet recorded must keep its claim
+// alive until it is. A renewal already in flight is counted in
+// s.background, so Close waits for it, and its context ends when the store
+// closes. A fast fn costs one timer and no goroutine.
+func (l *lease[R]) renew(work context.Context, endWork context.CancelFunc, sent time.Time) {
+	s := l.s
+	l.ctx, l.cancel = context.WithCancelCause(work)
+	l.endWork = endWork
 	every := renewEvery(s.opts.Lease)
 	l.until, l.next = sent.Add(leaseTrust(s.opts.Lease)), sent.Add(every)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.timer = time.AfterFunc(time.Until(l.next), l.fire)
-	return l.ctx, l.end, l.stop
 }
 
 // A lease is the renewals of one durable claim: one timer, which fires at
 // the next renewal or, while a renewal is in flight, at the moment the
 // lease stops being trusted, whichever comes first.
 type lease[R any] struct {
-	s          *Store[R]
-	key, token string
-	ctx        context.Context // the work's: cancelled with ErrLeaseLost
-	cancel     context.CancelCauseFunc
+	s       *Store[R]
+	claim   backend.Record  // the claim renewed; the Ticket points at it
+	ctx     context.Context // the work's: cancelled with ErrLeaseLost
+	cancel  context.CancelCauseFunc
+	endWork context.CancelFunc // ends the work's context below ctx (its timeout); may be nil
 
 	mu       sync.Mutex
 	stopped  bool        // guarded by mu; no renewal starts once set (stop, or the claim lost)
@@ -73,7 +74,13 @@ type lease[R any] struct {
 	timer    *time.Timer // guarded by mu: Reset while not stopped
 }
 
-func (l *lease[R]) end() { l.cancel(nil) }
+// end ends the work's context; the renewals go on until stop.
+func (l *lease[R]) end() {
+	l.cancel(nil)
+	if l.endWork != nil {
+		l.endWork()
+	}
+}
 
 func (l *lease[R]) stop() {
 	l.mu.Lock()
@@ -132,7 +139,7 @@ func (l *lease[R]) fire() {
 	defer func() { l.renewed(sent, err) }()
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(l.ctx), max(min(every, left), lease/12))
 	unhook := context.AfterFunc(s.closing, rcancel)
-	err = s.b.Renew(rctx, l.key, l.token, s.opts.Now(), grant)
+	err = s.b.Renew(rctx, l.claim.Key, l.claim.Token, s.opts.Now(), grant)
 	unhook()
 	rcancel()
 }

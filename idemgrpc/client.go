@@ -58,7 +58,9 @@ func WithKey(ctx context.Context, key string) context.Context {
 // Aborted and ResourceExhausted, waiting as their RetryInfo says (an
 // answer that asks for more than MaxBackoff is returned: never retried
 // sooner than asked) or with jittered backoff, within ctx. It never
-// retries InvalidArgument. A key with a comma, or one that starts with a
+// retries InvalidArgument, nor an answer marked as a replay
+// (ReplayedHeader): that is the key's remembered outcome, which every retry
+// would meet again. A key with a comma, or one that starts with a
 // quote, is sent as an RFC 8941 sf-string, as idemhttp sends it.
 func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 	if opts.MaxAttempts <= 0 {
@@ -85,9 +87,14 @@ func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 			ctx = WithKey(ctx, newKey())
 		}
 		backoff := opts.MinBackoff
+		var header, trailer metadata.MD
+		callOpts = append(callOpts[:len(callOpts):len(callOpts)], grpc.Header(&header), grpc.Trailer(&trailer))
 		for attempt := 1; ; attempt++ {
+			header, trailer = nil, nil
 			err := invoker(ctx, method, req, reply, cc, callOpts...)
-			if err == nil || attempt >= opts.MaxAttempts || !retryable(err) {
+			if err == nil || attempt >= opts.MaxAttempts || !retryable(err) || replayed(header, trailer) {
+				// A replayed answer is the key's remembered outcome:
+				// every retry with the key would meet it again.
 				return err
 			}
 			wait := min(opts.MaxBackoff, backoff/2+rand.N(backoff/2+1))
@@ -112,6 +119,12 @@ func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 			}
 		}
 	}
+}
+
+// replayed reports whether an answer's metadata marks it as a replay. An
+// error answer comes trailers-only, so its marks are in either.
+func replayed(header, trailer metadata.MD) bool {
+	return len(header.Get(ReplayedHeader)) > 0 || len(trailer.Get(ReplayedHeader)) > 0
 }
 
 // retryable reports whether err leaves the call's outcome unknown, or asks

@@ -101,13 +101,23 @@ func (t *tool) checkShape(ctx context.Context, result []byte) error {
 			return fmt.Errorf("%w: the store holds idemhttp responses, and it is not one: a final \"status\" (200 to 999) and no field but %s (compare: %s; -force writes it all the same)", errShape, responseFieldList(), t.next("show", sample.Key))
 		}
 	}
+	if answer, isGRPC := asReply(sample.Value); isGRPC && answer {
+		// Likewise a gRPC reply with neither a message nor a code: every
+		// replay of it would fail as Internal.
+		if answer, ok := asReply(result); !ok || !answer {
+			return fmt.Errorf("%w: the store holds idemgrpc replies, and it is not one: a \"message\" (a google.protobuf.Any in wire form, base64) or a final error's non-zero \"code\" and its \"error\", and no field but %s (compare: %s; -force writes it all the same)", errShape, fieldList(replyFields), t.next("show", sample.Key))
+		}
+	}
 	return nil
 }
 
 // responseFieldList names responseFields, sorted.
-func responseFieldList() string {
-	names := make([]string, 0, len(responseFields))
-	for name := range responseFields {
+func responseFieldList() string { return fieldList(responseFields) }
+
+// fieldList names fields, sorted.
+func fieldList(fields map[string]bool) string {
+	names := make([]string, 0, len(fields))
+	for name := range fields {
 		names = append(names, strconv.Quote(name))
 	}
 	sort.Strings(names)

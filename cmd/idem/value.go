@@ -129,3 +129,29 @@ func escapeControls(s string) string {
 }
 
 func isEscaped(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' }
+
+// replyFields are the fields of an idemgrpc reply in JSON (its default
+// Codec's form).
+var replyFields = map[string]bool{"message": true, "header": true, "trailer": true, "code": true, "error": true, "status": true, "omitted": true}
+
+// asReply reports whether b reads as an idemgrpc reply, an object with no
+// field a reply lacks, and whether it holds an answer a replay can send: a
+// response message, a response too large to have been kept (omitted), or
+// a final error's code.
+func asReply(b []byte) (answer, ok bool) {
+	var r struct {
+		Message []byte `json:"message"`
+		Code    int    `json:"code"`
+		Omitted int    `json:"omitted"`
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(b, &fields) != nil || len(fields) == 0 || json.Unmarshal(b, &r) != nil {
+		return false, false
+	}
+	for name := range fields {
+		if !replyFields[name] {
+			return false, false
+		}
+	}
+	return len(r.Message) > 0 || r.Omitted > 0 || r.Code != 0, true
+}

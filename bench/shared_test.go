@@ -70,6 +70,13 @@ func idemShared(b *testing.B, backend backend.Backend) func(key string) {
 // rawPostgres issues the two statements a durable claim-then-record needs,
 // raw with pgx: INSERT ... ON CONFLICT DO NOTHING, then UPDATE.
 func rawPostgres(b *testing.B, pool *pgxpool.Pool) func(key string) {
+	return rawPostgresCtx(b, pool, false)
+}
+
+// rawPostgresCtx is rawPostgres, each operation under a context that can be
+// cancelled if cancellable, as an HTTP handler's request context can: pgx
+// then watches it, a goroutine started and stopped for each statement.
+func rawPostgresCtx(b *testing.B, pool *pgxpool.Pool, cancellable bool) func(key string) {
 	table := uniqueName("raw_")
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+table+" (key text PRIMARY KEY, token text NOT NULL, state smallint NOT NULL, value bytea)"); err != nil {
@@ -79,6 +86,11 @@ func rawPostgres(b *testing.B, pool *pgxpool.Pool) func(key string) {
 	insert := "INSERT INTO " + table + " (key, token, state) VALUES ($1, $2, 1) ON CONFLICT DO NOTHING"
 	update := "UPDATE " + table + " SET state = 2, value = $3 WHERE key = $1 AND token = $2"
 	return func(key string) {
+		ctx, cancel := ctx, context.CancelFunc(func() {})
+		if cancellable {
+			ctx, cancel = context.WithCancel(ctx)
+		}
+		defer cancel()
 		if _, err := pool.Exec(ctx, insert, key, "0123456789abcdef0123456789abcdef"); err != nil {
 			panic(err)
 		}
@@ -119,6 +131,7 @@ func BenchmarkSharedNewKey(b *testing.B) {
 		}{
 			{"idem-postgres", func(b *testing.B) func(string) { return idemShared(b, pgBackend(b)) }},
 			{"raw-postgres", func(b *testing.B) func(string) { return rawPostgres(b, pgPool(b)) }},
+			{"raw-postgres-reqctx", func(b *testing.B) func(string) { return rawPostgresCtx(b, pgPool(b), true) }},
 			{"idem-redis", func(b *testing.B) func(string) {
 				return idemShared(b, redis.New(redisClient(b), redis.Options{Prefix: uniqueName("idembench:") + ":"}))
 			}},

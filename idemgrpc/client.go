@@ -58,9 +58,10 @@ func WithKey(ctx context.Context, key string) context.Context {
 // Aborted and ResourceExhausted, waiting as their RetryInfo says (an
 // answer that asks for more than MaxBackoff is returned: never retried
 // sooner than asked) or with jittered backoff, within ctx. It never
-// retries InvalidArgument, nor an answer marked as a replay
+// retries InvalidArgument, nor an error whose trailers mark it as a replay
 // (ReplayedHeader): that is the key's remembered outcome, which every retry
-// would meet again. A key with a comma, or one that starts with a
+// would meet again. (A mark in the headers alone is not enough: the
+// connection may drop after them, and that error is no answer.) A key with a comma, or one that starts with a
 // quote, is sent as an RFC 8941 sf-string, as idemhttp sends it.
 func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 	if opts.MaxAttempts <= 0 {
@@ -87,12 +88,12 @@ func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 			ctx = WithKey(ctx, newKey())
 		}
 		backoff := opts.MinBackoff
-		var header, trailer metadata.MD
-		callOpts = append(callOpts[:len(callOpts):len(callOpts)], grpc.Header(&header), grpc.Trailer(&trailer))
+		var trailer metadata.MD
+		callOpts = append(callOpts[:len(callOpts):len(callOpts)], grpc.Trailer(&trailer))
 		for attempt := 1; ; attempt++ {
-			header, trailer = nil, nil
+			trailer = nil
 			err := invoker(ctx, method, req, reply, cc, callOpts...)
-			if err == nil || attempt >= opts.MaxAttempts || !retryable(err) || replayed(header, trailer) {
+			if err == nil || attempt >= opts.MaxAttempts || !retryable(err) || replayed(trailer) {
 				// A replayed answer is the key's remembered outcome:
 				// every retry with the key would meet it again.
 				return err
@@ -121,10 +122,13 @@ func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 	}
 }
 
-// replayed reports whether an answer's metadata marks it as a replay. An
-// error answer comes trailers-only, so its marks are in either.
-func replayed(header, trailer metadata.MD) bool {
-	return len(header.Get(ReplayedHeader)) > 0 || len(trailer.Get(ReplayedHeader)) > 0
+// replayed reports whether an error answer's trailers mark it as a replay.
+// The trailers alone say so: they carry the status, so the mark there is
+// the status's own. A replay's headers are marked too, but the connection
+// may drop after them, and the error the client's transport then makes
+// (Unavailable) leaves the outcome unknown, as any lost reply does.
+func replayed(trailer metadata.MD) bool {
+	return len(trailer.Get(ReplayedHeader)) > 0
 }
 
 // retryable reports whether err leaves the call's outcome unknown, or asks

@@ -25,7 +25,9 @@ const (
 	KeyHeader = "idempotency-key"
 
 	// ReplayedHeader is set, to "true", on every replay: the handler did
-	// not run for this call; its answer is a remembered one.
+	// not run for this call; its answer is a remembered one. It is in the
+	// headers, and for a replayed error in the trailers too, beside the
+	// status it marks.
 	ReplayedHeader = "idempotent-replayed"
 
 	// BodyOmittedHeader is set, to "true", beside ReplayedHeader on a
@@ -408,7 +410,16 @@ func (s *server) replay(ctx context.Context, reply Reply, err error) (any, error
 		marks.Set(BodyOmittedHeader, "true")
 	}
 	_ = grpc.SetHeader(ctx, metadata.Join(s.keep.filter(reply.Header), marks))
-	if trailer := s.keep.filter(reply.Trailer); len(trailer) > 0 {
+	trailer := s.keep.filter(reply.Trailer)
+	if reply.Code != codes.OK {
+		// An error's mark goes with its status too: the trailers are the
+		// frame that carries the status, so a client that reads the mark
+		// there knows the status is this replay's (UnaryClientInterceptor
+		// stops retrying at it), while headers alone may be followed by a
+		// dropped connection, whose error is no answer of the server's.
+		trailer = metadata.Join(trailer, metadata.Pairs(ReplayedHeader, "true"))
+	}
+	if len(trailer) > 0 {
 		_ = grpc.SetTrailer(ctx, trailer)
 	}
 	return s.decode(reply)

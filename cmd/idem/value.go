@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/seed094d4201/idem/idemhttp"
+	"google.golang.org/grpc/codes"
 )
 
 // responseFields are the JSON fields of a stored idemhttp.Response: a
@@ -137,21 +138,35 @@ var replyFields = map[string]bool{"message": true, "header": true, "trailer": tr
 // asReply reports whether b reads as an idemgrpc reply, an object with no
 // field a reply lacks, and whether it holds an answer a replay can send: a
 // response message, a response too large to have been kept (omitted), or
-// a final error's code.
+// a final error's code. It reads b as the Codec does: a code as
+// codes.Code's JSON (a number below codes' end, or a name such as
+// "NOT_FOUND"), and field names whatever their case, as encoding/json
+// matches them.
 func asReply(b []byte) (answer, ok bool) {
 	var r struct {
-		Message []byte `json:"message"`
-		Code    int    `json:"code"`
-		Omitted int    `json:"omitted"`
+		Message []byte     `json:"message"`
+		Code    codes.Code `json:"code"`
+		Omitted int        `json:"omitted"`
 	}
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(b, &fields) != nil || len(fields) == 0 || json.Unmarshal(b, &r) != nil {
 		return false, false
 	}
 	for name := range fields {
-		if !replyFields[name] {
+		if !isReplyField(name) {
 			return false, false
 		}
 	}
-	return len(r.Message) > 0 || r.Omitted > 0 || r.Code != 0, true
+	return len(r.Message) > 0 || r.Omitted > 0 || r.Code != codes.OK, true
+}
+
+// isReplyField reports whether encoding/json matches name to a field of a
+// reply.
+func isReplyField(name string) bool {
+	for field := range replyFields {
+		if strings.EqualFold(name, field) {
+			return true
+		}
+	}
+	return false
 }

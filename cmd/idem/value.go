@@ -13,6 +13,8 @@ import (
 
 	"github.com/seed094d4201/idem/idemhttp"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // responseFields are the JSON fields of a stored idemhttp.Response: a
@@ -157,7 +159,15 @@ func asReply(b []byte) (answer, ok bool) {
 			return false, false
 		}
 	}
-	return len(r.Message) > 0 || r.Omitted > 0 || r.Code != codes.OK, true
+	return (len(r.Message) > 0 && isAny(r.Message)) || r.Omitted > 0 || r.Code != codes.OK, true
+}
+
+// isAny reports whether b is a google.protobuf.Any in wire form that names
+// its type, as a reply's message is: a replay decodes it so, and fails as
+// Internal if it cannot.
+func isAny(b []byte) bool {
+	var a anypb.Any
+	return proto.Unmarshal(b, &a) == nil && a.TypeUrl != ""
 }
 
 // isReplyField reports whether encoding/json matches name to a field of a

@@ -101,10 +101,10 @@ func (t *tool) checkShape(ctx context.Context, result []byte) error {
 			return fmt.Errorf("%w: the store holds idemhttp responses, and it is not one: a final \"status\" (200 to 999) and no field but %s (compare: %s; -force writes it all the same)", errShape, responseFieldList(), t.next("show", sample.Key))
 		}
 	}
-	if answer, isGRPC := asReply(sample.Value); isGRPC && answer {
+	if r, isGRPC := asReply(sample.Value); isGRPC && r.written() {
 		// Likewise a gRPC reply with neither a message nor a code: every
 		// replay of it would fail as Internal.
-		if answer, ok := asReply(result); !ok || !answer {
+		if r, ok := asReply(result); !ok || !r.answer() {
 			return fmt.Errorf("%w: the store holds idemgrpc replies, and it is not one: a \"message\" (a google.protobuf.Any in wire form, base64) or a final error's non-zero \"code\" and its \"error\", and no field but %s (compare: %s; -force writes it all the same)", errShape, fieldList(replyFields), t.next("show", sample.Key))
 		}
 	}

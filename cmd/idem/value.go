@@ -137,29 +137,48 @@ func isEscaped(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '
 // Codec's form).
 var replyFields = map[string]bool{"message": true, "header": true, "trailer": true, "code": true, "error": true, "status": true, "omitted": true}
 
-// asReply reports whether b reads as an idemgrpc reply, an object with no
-// field a reply lacks, and whether it holds an answer a replay can send: a
-// response message, a response too large to have been kept (omitted), or
-// a final error's code. It reads b as the Codec does: a code as
-// codes.Code's JSON (a number below codes' end, or a name such as
-// "NOT_FOUND"), and field names whatever their case, as encoding/json
-// matches them.
-func asReply(b []byte) (answer, ok bool) {
-	var r struct {
-		Message []byte     `json:"message"`
-		Code    codes.Code `json:"code"`
-		Omitted int        `json:"omitted"`
-	}
+// A replyShape is what the shape check reads of an idemgrpc reply.
+type replyShape struct {
+	Message []byte     `json:"message"`
+	Code    codes.Code `json:"code"`
+	Status  []byte     `json:"status"`
+	Omitted int        `json:"omitted"`
+}
+
+// asReply reads b as an idemgrpc reply, as the Codec does: an object with
+// no field a reply lacks (its names in any case, as encoding/json matches
+// them), a code as codes.Code's JSON (a number below codes' end, or a name
+// such as "NOT_FOUND"), and a message, if any, a google.protobuf.Any that
+// names its type. ok is false if b is none.
+func asReply(b []byte) (r replyShape, ok bool) {
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(b, &fields) != nil || len(fields) == 0 || json.Unmarshal(b, &r) != nil {
-		return false, false
+		return replyShape{}, false
 	}
 	for name := range fields {
 		if !isReplyField(name) {
-			return false, false
+			return replyShape{}, false
 		}
 	}
-	return (len(r.Message) > 0 && isAny(r.Message)) || r.Omitted > 0 || r.Code != codes.OK, true
+	if len(r.Message) > 0 && !isAny(r.Message) {
+		return replyShape{}, false
+	}
+	return r, true
+}
+
+// answer reports whether r holds an answer a replay can send: a response
+// message, a response too large to have been kept (omitted), or a final
+// error's code.
+func (r replyShape) answer() bool {
+	return len(r.Message) > 0 || r.Omitted > 0 || r.Code != codes.OK
+}
+
+// written reports whether r is a reply as the interceptor writes one, so
+// that a store holding it holds idemgrpc replies: a message, a response's
+// size, or an error's code with its whole status. An application's own
+// result may have a "code" and a "message" too, but not so.
+func (r replyShape) written() bool {
+	return len(r.Message) > 0 || r.Omitted > 0 || (r.Code != codes.OK && len(r.Status) > 0)
 }
 
 // isAny reports whether b is a google.protobuf.Any in wire form that names

@@ -61,8 +61,9 @@ func WithKey(ctx context.Context, key string) context.Context {
 // retries InvalidArgument, nor an error whose trailers mark it as a replay
 // (ReplayedHeader): that is the key's remembered outcome, which every retry
 // would meet again. (A mark in the headers alone is not enough: the
-// connection may drop after them, and that error is no answer.) A key with a comma, or one that starts with a
-// quote, is sent as an RFC 8941 sf-string, as idemhttp sends it.
+// connection may drop after them, and that error is no answer.) A key
+// with a comma, or one that starts with a quote, is sent as an RFC 8941
+// sf-string, as idemhttp sends it.
 func UnaryClientInterceptor(opts ClientOptions) grpc.UnaryClientInterceptor {
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = 4

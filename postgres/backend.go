@@ -126,6 +126,10 @@ type Backend struct {
 	pool *pgxpool.Pool
 	q    queries
 
+	// deadlines: the pool's connections end a statement whose ctx ends
+	// by a deadline on their socket, which onConn then sets itself.
+	deadlines bool
+
 	// ttl is the shortest TTL, in microseconds, that a Complete has sent:
 	// a claim's sweep_at is its instant plus ttl, no later than its
 	// outcome can expire. Zero before the first.
@@ -151,7 +155,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backend, error
 		}
 	}
 	table := pgx.Identifier(parts).Sanitize()
-	b := &Backend{pool: pool, q: newQueries(table)}
+	b := &Backend{pool: pool, q: newQueries(table), deadlines: deadlineHandled(pool.Config().ConnConfig)}
 	if !opts.NoMigrate {
 		if err := migrate(ctx, pool, table, name); err != nil {
 			return nil, fmt.Errorf("postgres: creating table %s: %w", table, err)
@@ -424,14 +428,17 @@ func (b *Backend) claim(ctx context.Context, c *claimCall) (bool, error) {
 // after won and expired, into c, retried on a conflict.
 func (b *Backend) queryClaim(ctx context.Context, sql string, c *claimCall) (bool, error) {
 	return retried(ctx, func() (bool, error) {
-		rows, err := b.pool.Query(ctx, sql, c.args[:]...)
-		if err != nil {
-			return false, err
-		}
-		defer rows.Close()
-		c.r = row{key: string(c.key), token: string(c.token)}
 		var ok bool
-		c.got, ok, err = scanInto(rows, &c.r, c.extra[:])
+		err := b.onConn(ctx, func(ctx context.Context, q querier) error {
+			rows, err := q.Query(ctx, sql, c.args[:]...)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			c.r = row{key: string(c.key), token: string(c.token)}
+			c.got, ok, err = scanInto(rows, &c.r, c.extra[:])
+			return err
+		})
 		return ok, err
 	})
 }
@@ -512,7 +519,10 @@ func (b *Backend) Forget(ctx context.Context, key string, _ time.Time) error {
 		return err
 	}
 	exists, err := retried(ctx, func() (exists bool, err error) {
-		return exists, b.pool.QueryRow(ctx, b.q.exists, key).Scan(&exists)
+		err = b.onConn(ctx, func(ctx context.Context, q querier) error {
+			return q.QueryRow(ctx, b.q.exists, key).Scan(&exists)
+		})
+		return exists, err
 	})
 	if err != nil {
 		return err
@@ -559,7 +569,13 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 
 // exec runs a statement, retried on a conflict.
 func (b *Backend) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return retried(ctx, func() (pgconn.CommandTag, error) { return b.pool.Exec(ctx, sql, args...) })
+	return retried(ctx, func() (tag pgconn.CommandTag, err error) {
+		err = b.onConn(ctx, func(ctx context.Context, q querier) (err error) {
+			tag, err = q.Exec(ctx, sql, args...)
+			return err
+		})
+		return tag, err
+	})
 }
 
 // scanOne reads the one record rows may hold, after any leading columns
@@ -628,17 +644,20 @@ func (b *Backend) page(ctx context.Context, after string, limit int) ([]backend.
 }
 
 func (b *Backend) readPage(ctx context.Context, after string, limit int) ([]backend.Record, error) {
-	rows, err := b.pool.Query(ctx, b.q.page, after, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
 	var page []backend.Record
-	for {
-		rec, ok, err := scanNext(rows)
-		if err != nil || !ok {
-			return page, err
+	err := b.onConn(ctx, func(ctx context.Context, q querier) error {
+		rows, err := q.Query(ctx, b.q.page, after, limit)
+		if err != nil {
+			return err
 		}
-		page = append(page, rec)
-	}
+		defer rows.Close()
+		for {
+			rec, ok, err := scanNext(rows)
+			if err != nil || !ok {
+				return err
+			}
+			page = append(page, rec)
+		}
+	})
+	return page, err
 }

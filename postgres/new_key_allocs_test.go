@@ -12,9 +12,11 @@ import (
 )
 
 // A new key's claim and completion allocate one argument block each (the
-// claim's holds the row it reads back); pgx makes the rest (its context
-// watcher, result reader, rows and command tag): 8 in all on a pool that
-// is warm. The columns a claim returns have names of one letter, which
+// claim's holds the row it reads back); pgx makes the rest (its result
+// reader, rows and command tag), and the watch of a ctx that can end takes
+// three a statement (onConn's watch, context.AfterFunc's two, where pgx's
+// own watching took one and a goroutine): 14 in all on a pool that is
+// warm. The columns a claim returns have names of one letter, which
 // pgx copies without allocating.
 func TestNewKeyClaimAndCompleteAllocations(t *testing.T) {
 	b, _ := testBackend(t, testPool(t))
@@ -36,5 +38,5 @@ func TestNewKeyClaimAndCompleteAllocations(t *testing.T) {
 		require.NoError(t, b.Complete(ctx, rec, time.Time{}, time.Minute))
 	}
 	newKey() // the statements prepared and cached
-	assert.LessOrEqual(t, testing.AllocsPerRun(runs, newKey), 8.0)
+	assert.LessOrEqual(t, testing.AllocsPerRun(runs, newKey), 14.0)
 }

@@ -110,13 +110,16 @@ func conflicted(err error) bool {
 // queryOne runs a query that returns at most one record, after any
 // leading columns given as extra destinations, retried on a conflict.
 func (b *Backend) queryOne(ctx context.Context, sql string, args []any, extra ...any) (backend.Record, bool, error) {
-	f, err := retried(ctx, func() (found, error) {
-		rows, err := b.pool.Query(ctx, sql, args...)
-		if err != nil {
-			return found{}, err
-		}
-		rec, ok, err := scanOne(rows, extra...)
-		return found{rec, ok}, err
+	f, err := retried(ctx, func() (f found, err error) {
+		err = b.onConn(ctx, func(ctx context.Context, q querier) error {
+			rows, err := q.Query(ctx, sql, args...)
+			if err != nil {
+				return err
+			}
+			f.rec, f.ok, err = scanOne(rows, extra...)
+			return err
+		})
+		return f, err
 	})
 	return f.rec, f.ok, err
 }

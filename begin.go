@@ -34,7 +34,7 @@ func (s *Store[R]) claimExited(t *Ticket[R]) {
 	switch {
 	case e == nil || t.finished:
 		return
-	case t.stopLease != nil || t.begun: // the claim is fully made (and told): finish it
+	case (t.lease != nil && !t.leaseTaken) || t.begun: // the claim is fully made (and told): finish it
 		t.finished = true
 		var zero R
 		s.finish(t, zero, errGoexit)
@@ -42,9 +42,7 @@ func (s *Store[R]) claimExited(t *Ticket[R]) {
 	case t.claim != nil: // a durable claim, not yet renewed
 		_ = s.letGo(context.WithoutCancel(t.ctx), *t.claim, t.op)
 	}
-	if t.cancel != nil {
-		t.cancel()
-	}
+	t.endWork()
 	t.e, e.err = nil, errGoexit
 	s.table.release(e)
 }

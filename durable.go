@@ -26,7 +26,7 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			// From here the claim is t's: were the Observer to end this
 			// goroutine, begin's guard releases it. The lease holds it,
 			// so that a new key allocates one object for both.
-			l := &lease[R]{s: s, claim: claim}
+			l := &lease[R]{s: s, claim: claim, record: detached{parent: t.ctx}}
 			t.claim = &l.claim
 			s.table.confirm(e)
 			endClaim(nil)
@@ -36,7 +36,7 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			t.startSpan()
 			work, endWork := s.workContext(t.ctx, nil)
 			l.renew(work, endWork, sent)
-			t.work, t.cancel, t.stopLease = l.ctx, l.end, l.stop
+			t.work, t.lease = l.ctx, l
 			return nil
 		}
 		// The claim's reply came too late to trust its lease: another
@@ -292,20 +292,23 @@ const (
 // (the store goes on trying to record it, its lease still renewed), or
 // this process would find the key pending. A release that cannot get
 // through is finished in the background instead. finishDurable takes
-// t.stopLease over once nothing of the user's runs any more.
+// t's lease over once nothing of the user's runs any more.
 func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (unrecorded *NotRecordedError, pin bool, releaseErr error) {
-	record := context.WithoutCancel(t.ctx)
+	var record context.Context
+	if t.lease != nil {
+		record = &t.lease.record
+	} else { // not renewed yet: never, once the claim is t's
+		record = context.WithoutCancel(t.ctx)
+	}
 	claim := *t.claim
 	// The work is over: its context ends now, as a finished ticket's, and
 	// not later with ErrLeaseLost when a renewal lands on the recorded
 	// outcome (no longer pending, so refused as another owner's).
-	if t.cancel != nil {
-		t.cancel()
-	}
+	t.endWork()
 	if !final {
 		// Renewals end first, so that none can land after the claim's
 		// lease was made to lapse.
-		t.takeLease()()
+		t.takeLease().stop()
 		if rerr := s.letGo(record, claim, t.op); rerr != nil {
 			return nil, false, fmt.Errorf("idem: releasing key in backend (it will be released once the backend answers): %w", rerr)
 		}
@@ -328,9 +331,9 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 		rerr = s.complete(record, done)
 		returned = true
 	}
-	stopLease := t.takeLease()
+	l := t.takeLease()
 	if rerr == nil {
-		stopLease()
+		l.stop()
 		return nil, false, nil
 	}
 	// Never release a key after the work succeeded: it stays claimed
@@ -341,12 +344,12 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 	// callers read.
 	switch {
 	case errors.Is(rerr, backend.ErrNotOwner):
-		stopLease()
+		l.stop()
 		return &NotRecordedError{Err: rerr}, false, nil
 	case encoded:
-		s.completeLater(done, t.e, stopLease)
+		s.completeLater(done, t.e, l)
 	default:
-		s.holdLease(stopLease)
+		s.holdLease(l)
 	}
 	return &NotRecordedError{Err: rerr}, true, nil
 }

@@ -117,9 +117,7 @@ func (s *Store[R]) settleEntry(t *Ticket[R], val R, err error, final, pin bool) 
 	}
 	t.settled = true
 	e := t.e
-	if t.cancel != nil {
-		t.cancel()
-	}
+	t.endWork()
 	e.val, e.err = val, err
 	e.shared = final
 	switch {
@@ -166,16 +164,16 @@ func (s *Store[R]) keepByUserClock(e *entry[R]) {
 // Complete, whose outcome finishDurable goes on recording in the
 // background) the entry is settled as the work ended.
 func (s *Store[R]) finishExited(t *Ticket[R], val R, err error, final bool) {
-	stopLease := t.takeLease()
+	l := t.takeLease()
 	switch {
-	case stopLease == nil:
+	case l == nil:
 		s.settleEntry(t, val, err, final, false)
 	case !final:
-		stopLease()
+		l.stop()
 		_ = s.letGo(context.WithoutCancel(t.ctx), *t.claim, t.op)
 		s.settleEntry(t, val, err, false, false)
 	default:
-		s.holdLease(stopLease)
+		s.holdLease(l)
 		// Told before the waiters wake; settled even if the hook ends
 		// this goroutine too.
 		defer s.settleEntry(t, val, err, true, true)

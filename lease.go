@@ -61,6 +61,7 @@ func (l *lease[R]) renew(work context.Context, endWork context.CancelFunc, sent 
 type lease[R any] struct {
 	s       *Store[R]
 	claim   backend.Record  // the claim renewed; the Ticket points at it
+	record  detached        // the Ticket's ctx without its cancellation: what the outcome is recorded under
 	ctx     context.Context // the work's: cancelled with ErrLeaseLost
 	cancel  context.CancelCauseFunc
 	endWork context.CancelFunc // ends the work's context below ctx (its timeout); may be nil
@@ -82,7 +83,11 @@ func (l *lease[R]) end() {
 	}
 }
 
+// stop ends the renewals and the work's context; a nil lease has none.
 func (l *lease[R]) stop() {
+	if l == nil {
+		return
+	}
 	l.mu.Lock()
 	l.stopped = true
 	l.timer.Stop()

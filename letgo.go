@@ -32,12 +32,26 @@ func (s *Store[R]) letGo(ctx context.Context, claim backend.Record, op *operatio
 	return s.releaseOrLater(ctx, claim.Key, claim.Token)
 }
 
-// takeLease returns t's stopLease, which its caller must call, and leaves
-// t without it.
-func (t *Ticket[R]) takeLease() func() {
-	stop := t.stopLease
-	t.stopLease = nil
-	return stop
+// takeLease returns t's lease, which its caller must stop (a nil lease's
+// stop does nothing), and leaves t without it to stop; nil if t has none,
+// or it was taken.
+func (t *Ticket[R]) takeLease() *lease[R] {
+	if t.leaseTaken {
+		return nil
+	}
+	t.leaseTaken = true
+	return t.lease
+}
+
+// endWork ends t's work context and its timeout; a durable claim's renewals
+// go on until its lease is stopped.
+func (t *Ticket[R]) endWork() {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	if t.lease != nil {
+		t.lease.end()
+	}
 }
 
 // lapse ends claim's lease now, keeping its record and steps, so that the

@@ -131,24 +131,24 @@ func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error 
 
 // completeLater goes on recording done, an outcome the backend could not
 // take, in the background: memory replays it meanwhile (e, pinned), and
-// the claim's lease is renewed until stopLease. Once the backend has it,
+// the claim's lease l is renewed until it is recorded. Once the backend has it,
 // or holds another owner's record instead (an operator reconciled the
 // key), the pin ends and later calls read the backend; only e's pin, never
 // a later execution's entry for the key. It gives up when the store
 // closes; after a restart the key is interrupted.
-func (s *Store[R]) completeLater(done backend.Record, e *entry[R], stopLease func()) {
+func (s *Store[R]) completeLater(done backend.Record, e *entry[R], l *lease[R]) {
 	s.recording.Add(1)
-	s.startBackground(func() { s.recordLater(done, e, stopLease, false) })
+	s.startBackground(func() { s.recordLater(done, e, l, false) })
 }
 
 // recordLater is completeLater's goroutine. A Backend that ends it
 // (runtime.Goexit) does not end the recording: it goes on from a fresh
 // goroutine, after a pause (again), so that the pin and the lease are
 // not left for ever.
-func (s *Store[R]) recordLater(done backend.Record, e *entry[R], stopLease func(), again bool) {
+func (s *Store[R]) recordLater(done backend.Record, e *entry[R], l *lease[R], again bool) {
 	returned := false
 	defer exiting(&returned, func() {
-		s.startBackground(func() { s.recordLater(done, e, stopLease, true) })
+		s.startBackground(func() { s.recordLater(done, e, l, true) })
 	})
 	defer func() {
 		if returned {
@@ -157,7 +157,7 @@ func (s *Store[R]) recordLater(done backend.Record, e *entry[R], stopLease func(
 			case s.recorded <- struct{}{}:
 			default:
 			}
-			stopLease()
+			l.stop()
 		}
 	}()
 	if again && !pause(s.closing.Done(), settleMax) {
@@ -202,11 +202,11 @@ func (s *Store[R]) awaitRecording(grace <-chan struct{}) int64 {
 // outcome that memory holds and no write can record (it could not be
 // encoded): while this process lives, no other store may take the key for
 // interrupted and run it again.
-func (s *Store[R]) holdLease(stopLease func()) {
+func (s *Store[R]) holdLease(l *lease[R]) {
 	s.unwritable.Add(1)
 	s.startBackground(func() {
 		<-s.closing.Done()
-		stopLease()
+		l.stop()
 	})
 }
 

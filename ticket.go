@@ -57,12 +57,13 @@ type Ticket[R any] struct {
 	op    *operation // what Step knows of this execution; in ctx, and so in work
 
 	work   context.Context    // Context's; made on first use, or by Begin for a durable claim
-	cancel context.CancelFunc // ends work and its timeout; nil if there is nothing to end
-	// stopLease ends the durable claim's lease renewals; nil without one.
-	// finish calls it once the outcome is settled, or hands it to the
-	// goroutine that goes on recording an outcome the backend refused.
-	stopLease func()
-	detached  detached // ctx without its cancellation, kept here to save an allocation
+	cancel context.CancelFunc // ends work and its timeout; nil if there is nothing to end, or lease does (endWork)
+	// lease is the durable claim's renewals; nil without one. It ends
+	// work with the ticket (endWork), and is stopped once the outcome is
+	// settled, or handed to the goroutine that goes on recording an
+	// outcome the backend refused, by whoever takes it (takeLease).
+	lease    *lease[R]
+	detached detached // ctx without its cancellation, kept here to save an allocation
 
 	waited   bool        // begin waited for an execution in flight; for the Observer
 	replayed bool        // finishReplayed: the owner found the outcome recorded; for the Observer
@@ -74,11 +75,12 @@ type Ticket[R any] struct {
 	// when fn is handed to a goroutine; nil otherwise.
 	run *detachedRun[R]
 
-	finished  bool // set by the first Finish or Release
-	settled   bool // settleEntry began: the entry is settled, even if the goroutine ended since
-	finalizer bool // a finalizer is set: Begin and beginLocal's tickets
-	val       R    // the replayed outcome, or what Finish returned
-	err       error
+	leaseTaken bool // takeLease handed lease's stop on
+	finished   bool // set by the first Finish or Release
+	settled    bool // settleEntry began: the entry is settled, even if the goroutine ended since
+	finalizer  bool // a finalizer is set: Begin and beginLocal's tickets
+	val        R    // the replayed outcome, or what Finish returned
+	err        error
 }
 
 // errReleased is what the waiters of a ticket get when it is released

@@ -26,7 +26,7 @@ func (s *Store[R]) beginDurable(ctx context.Context, t *Ticket[R]) error {
 			// From here the claim is t's: were the Observer to end this
 			// goroutine, begin's guard releases it. The lease holds it,
 			// so that a new key allocates one object for both.
-			l := &lease[R]{s: s, claim: claim, record: detached{parent: t.ctx}}
+			l := &lease[R]{s: s, claim: claim}
 			t.claim = &l.claim
 			s.table.confirm(e)
 			endClaim(nil)
@@ -296,6 +296,9 @@ const (
 func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (unrecorded *NotRecordedError, pin bool, releaseErr error) {
 	var record context.Context
 	if t.lease != nil {
+		// Under t.ctx as it is now, the "idem.record" span's: the
+		// Backend's writes are that phase's (Observer.Span).
+		t.lease.record = detached{parent: t.ctx}
 		record = &t.lease.record
 	} else { // not renewed yet: never, once the claim is t's
 		record = context.WithoutCancel(t.ctx)

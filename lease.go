@@ -61,7 +61,7 @@ func (l *lease[R]) renew(work context.Context, endWork context.CancelFunc, sent 
 type lease[R any] struct {
 	s       *Store[R]
 	claim   backend.Record  // the claim renewed; the Ticket points at it
-	record  detached        // the Ticket's ctx without its cancellation: what the outcome is recorded under
+	record  detached        // the record span's ctx without its cancellation, set by finishDurable: what the outcome is recorded under
 	ctx     context.Context // the work's: cancelled with ErrLeaseLost
 	cancel  context.CancelCauseFunc
 	endWork context.CancelFunc // ends the work's context below ctx (its timeout); may be nil

@@ -58,7 +58,7 @@ func TestKeysStayOutOfSpanErrors(t *testing.T) {
 			texts := []string{sp.Status().Description}
 			for _, ev := range sp.Events() {
 				for _, kv := range ev.Attributes {
-					texts = append(texts, kv.Value.Emit())
+					texts = append(texts, kv.Value.String())
 				}
 			}
 			if sp.Status().Description != "" {

@@ -37,7 +37,7 @@ type querier interface {
 // there); one that was answered before the deadline took hold keeps its
 // answer, and its connection, whose deadline is cleared, goes back to the
 // pool.
-func (b *Backend) onConn(ctx context.Context, f func(qctx context.Context, q querier) error) error {
+func (b *Backend) onConn(ctx context.Context, f func(qctx context.Context, q querier) error) (err error) {
 	if ctx.Done() == nil || !b.deadlines {
 		return f(ctx, b.pool)
 	}
@@ -49,12 +49,22 @@ func (b *Backend) onConn(ctx context.Context, f func(qctx context.Context, q que
 	w := &watch{conn: c.Conn().PgConn().Conn(), quiet: quiet{ctx}}
 	w.cutting.Add(1)
 	stop := context.AfterFunc(ctx, w.cut)
+	// Deferred, before the Release: were f's goroutine ended by code of
+	// the pool's (a tracer's panic, runtime.Goexit), a watch left behind
+	// would cut the connection, back in the pool, under another caller's
+	// statement once ctx ended.
+	defer w.end(ctx, stop, &err)
 	err = f(&w.quiet, c)
 	if hook := testHookStatementAnswered.Load(); hook != nil {
 		(*hook)()
 	}
+	return err
+}
+
+// end ends w's watch of ctx, whose statement's error is *err.
+func (w *watch) end(ctx context.Context, stop func() bool, err *error) {
 	if stop() {
-		return err // ctx did not end: no deadline was set, nor will be
+		return // ctx did not end: no deadline was set, nor will be
 	}
 	// ctx ended: the cut runs, or ran. Once it has, the deadline is
 	// cleared, as pgx clears its own, so that the connection, if the
@@ -62,10 +72,9 @@ func (b *Backend) onConn(ctx context.Context, f func(qctx context.Context, q que
 	// the pool sound (one cut mid-statement pgx has closed).
 	w.cutting.Wait()
 	_ = w.conn.SetDeadline(time.Time{})
-	if err != nil {
-		return &ctxEnded{ctx: ctx.Err(), err: err}
+	if *err != nil {
+		*err = &ctxEnded{ctx: ctx.Err(), err: *err}
 	}
-	return nil
 }
 
 // testHookStatementAnswered, if set, runs once a statement sent by onConn

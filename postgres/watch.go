@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,7 +45,7 @@ func (b *Backend) onConn(ctx context.Context, f func(qctx context.Context, q que
 		return err
 	}
 	defer c.Release()
-	w := &watch{conn: c.Conn().PgConn().Conn(), quiet: quiet{ctx}}
+	w := &watch{pc: c.Conn().PgConn(), quiet: quiet{ctx}}
 	w.cutting.Add(1)
 	stop := context.AfterFunc(ctx, w.cut)
 	// Deferred, before the Release: were f's goroutine ended by code of
@@ -69,9 +68,12 @@ func (w *watch) end(ctx context.Context, stop func() bool, err *error) {
 	// ctx ended: the cut runs, or ran. Once it has, the deadline is
 	// cleared, as pgx clears its own, so that the connection, if the
 	// statement was answered before the deadline took hold, goes back to
-	// the pool sound (one cut mid-statement pgx has closed).
+	// the pool sound. One cut mid-statement pgx has closed, and is closing
+	// in the background under a deadline of its own, left alone.
 	w.cutting.Wait()
-	_ = w.conn.SetDeadline(time.Time{})
+	if !w.pc.IsClosed() {
+		_ = w.pc.Conn().SetDeadline(time.Time{})
+	}
 	if *err != nil {
 		*err = &ctxEnded{ctx: ctx.Err(), err: *err}
 	}
@@ -84,7 +86,7 @@ var testHookStatementAnswered atomic.Pointer[func()]
 
 // A watch ends a connection's statement when its ctx ends.
 type watch struct {
-	conn    net.Conn
+	pc      *pgconn.PgConn
 	quiet   quiet          // the statement's ctx, in the same allocation
 	cutting sync.WaitGroup // done once cut has run
 }
@@ -92,7 +94,7 @@ type watch struct {
 // cut sets the connection's deadline to now: its read or write fails.
 func (w *watch) cut() {
 	defer w.cutting.Done()
-	_ = w.conn.SetDeadline(time.Now())
+	_ = w.pc.Conn().SetDeadline(time.Now())
 }
 
 // A quiet context is its parent without its cancellation, as

@@ -22,8 +22,8 @@ type querier interface {
 // ctx ends. pgx ends a statement under a ctx that can end by watching it
 // from a goroutine it starts and stops for every statement, which made a
 // new key's two statements cost about a quarter more CPU (bench:
-// raw-postgres-reqctx against raw-postgres). On a pool
-// whose connections handle a cancellation as pgx does by default
+// raw-postgres-reqctx against raw-postgres). On a pool whose connections
+// handle a cancellation as pgx does by default
 // (pgconn.DeadlineContextWatcherHandler: the socket's deadline is set to
 // now, and cleared once the statement is over), onConn does the same
 // through context.AfterFunc, which starts no goroutine unless ctx ends:

@@ -4,8 +4,10 @@
 // On the server, UnaryServerInterceptor runs a unary method at most once per
 // idempotency-key metadata value (within the caller's scope) and replays
 // its response message, with the headers and trailers the handler set, to
-// every retry; a replay carries the header idempotent-replayed: true. The
-// statuses a client sees:
+// every retry; a replay carries the header idempotent-replayed: true, and a
+// replayed error carries it in its trailers too, beside its status, where
+// UnaryClientInterceptor looks to stop retrying. The statuses a client
+// sees:
 //
 //   - InvalidArgument: the key is missing (when Required) or malformed, or
 //     it was used before with a different request (method and message).

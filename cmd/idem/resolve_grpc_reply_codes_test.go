@@ -51,12 +51,20 @@ func TestResolveOnAGRPCStoreJudgesCodesAsTheCodecReadsThem(t *testing.T) {
 // idemgrpc reply (order-1) and an interrupted claim (order-9).
 func grpcStoreWithAnInterruptedKey(t *testing.T) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "grpc.db")
+	sample, err := json.Marshal(idemgrpc.Reply{Message: []byte("\x0a\x05type/\x12\x00"), Code: codes.OK})
+	require.NoError(t, err)
+	return storeWithAnInterruptedKey(t, sample)
+}
+
+// storeWithAnInterruptedKey returns a bolt file holding one completed
+// record whose value is sample (order-1) and an interrupted claim
+// (order-9).
+func storeWithAnInterruptedKey(t *testing.T, sample []byte) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "store.db")
 	b, err := bolt.Open(path, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
-	sample, err := json.Marshal(idemgrpc.Reply{Message: []byte("\x0a\x05type/\x12\x00"), Code: codes.OK})
-	require.NoError(t, err)
 	done := backend.Record{Key: "order-1", Token: "t1", State: backend.StatePending}
 	_, claimed, err := b.Claim(ctx, done, time.Now(), time.Minute)
 	require.NoError(t, err)

@@ -204,9 +204,12 @@ func recheck[R any](ctx context.Context, e *entry[R]) error {
 
 // workContext returns the context an owner works under: ctx's values
 // without its cancellation, bounded by Options.ExecutionTimeout.
-// d, if not nil, is where to keep the detached context.
+// d, if not nil, is where to keep the detached context. A ctx with a
+// deadline can end, which is known without asking for its Done channel:
+// a context that makes its timer only when Done is asked for (an
+// adapter's wait bound, internal/waitctx) is not made to make it here.
 func (s *Store[R]) workContext(ctx context.Context, d *detached) (context.Context, context.CancelFunc) {
-	if ctx.Done() != nil {
+	if _, ok := ctx.Deadline(); ok || ctx.Done() != nil {
 		if d == nil {
 			ctx = context.WithoutCancel(ctx)
 		} else {

@@ -135,20 +135,22 @@ const (
 )
 
 // marshalAny returns m, whose wire form is size bytes (proto.Size), wrapped
-// in a google.protobuf.Any: the bytes proto.Marshal(&anypb.Any{TypeUrl:
-// typeURL(m), Value: proto.Marshal(m)}) gives, made in one buffer of their
-// exact length, and value, m's wire form within them. Encoding m straight
+// in a google.protobuf.Any: the bytes proto.Marshal of anypb.New(m) gives,
+// made in one buffer of their exact length, and value, m's wire form
+// within them. Encoding m straight
 // into the Any, rather than on its own and then copied, is what keeps a
 // remembered reply to one copy of the response.
 func marshalAny(m proto.Message, size int) (wire, value []byte, err error) {
-	url := typeURL(m)
-	n := protowire.SizeTag(anyTypeURL) + protowire.SizeBytes(len(url))
+	name := m.ProtoReflect().Descriptor().FullName() // the URL is written from its two parts: no string is made for it
+	urlLen := len(typeURLPrefix) + len(name)
+	n := protowire.SizeTag(anyTypeURL) + protowire.SizeBytes(urlLen)
 	if size > 0 { // proto3 leaves an empty value out
 		n += protowire.SizeTag(anyValue) + protowire.SizeBytes(size)
 	}
 	wire = make([]byte, 0, n)
 	wire = protowire.AppendTag(wire, anyTypeURL, protowire.BytesType)
-	wire = protowire.AppendString(wire, url)
+	wire = protowire.AppendVarint(wire, uint64(urlLen))
+	wire = append(append(wire, typeURLPrefix...), name...)
 	if size == 0 {
 		if _, err := proto.Marshal(m); err != nil { // a proto2 message may still lack required fields
 			return nil, nil, err
@@ -205,7 +207,5 @@ func splitAny(wire []byte) (url string, value []byte, err error) {
 	return url, value, nil
 }
 
-// typeURL is the type URL anypb.New gives m.
-func typeURL(m proto.Message) string {
-	return "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName())
-}
+// typeURLPrefix starts the type URL anypb.New gives a message.
+const typeURLPrefix = "type.googleapis.com/"

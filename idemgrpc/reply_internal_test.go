@@ -105,7 +105,9 @@ func TestMarshalAnyMatchesAnypb(t *testing.T) {
 	for _, m := range []proto.Message{&emptypb.Empty{}, wrapperspb.String(""), wrapperspb.String("hi"), wrapperspb.Bytes(make([]byte, 300))} {
 		value, err := proto.Marshal(m)
 		require.NoError(t, err)
-		want, err := proto.Marshal(&anypb.Any{TypeUrl: typeURL(m), Value: value})
+		a, err := anypb.New(m)
+		require.NoError(t, err)
+		want, err := proto.Marshal(a)
 		require.NoError(t, err)
 		wire, raw, err := marshalAny(m, proto.Size(m))
 		require.NoError(t, err)
@@ -115,7 +117,7 @@ func TestMarshalAnyMatchesAnypb(t *testing.T) {
 
 		url, got, err := splitAny(wire)
 		require.NoError(t, err)
-		assert.Equal(t, typeURL(m), url)
+		assert.Equal(t, a.TypeUrl, url)
 		assert.Equal(t, len(value), len(got))
 		if len(got) > 0 {
 			assert.True(t, &got[0] == &wire[len(wire)-len(got)], "splitAny copied the value")

@@ -12,6 +12,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/internal/keyfield"
 	"github.com/seed094d4201/idem/internal/limit"
+	"github.com/seed094d4201/idem/internal/waitctx"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -272,8 +273,8 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return s.serveTx(ctx, req, info, handler, storeKey, fp[:], scope)
 	}
 
-	bctx, cancel := context.WithTimeout(ctx, s.opts.Wait)
-	defer cancel()
+	bctx := waitctx.WithTimeout(ctx, s.opts.Wait)
+	defer bctx.Stop()
 	t, err := s.store.Begin(bctx, storeKey, fp[:])
 	for err != nil && ctx.Err() == nil && ranOutOfTime(err) {
 		// The execution this call waited on ended with its own caller's
@@ -331,12 +332,12 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return rec.reply(resp, err)
 	})
 	kept = err == nil
-	var pe *idem.PanicError
-	switch {
-	case errors.As(err, &pe):
-		s.opts.Logger.Error("idemgrpc: handler panicked; its key is released", "method", info.FullMethod, "panic", pe.Value, "stack", string(pe.Stack))
-		return nil, status.Error(codes.Internal, "the call failed; it may be retried with the same key")
-	case err != nil:
+	if err != nil {
+		var pe *idem.PanicError // declared here: errors.As moves it to the heap, on every call if above
+		if errors.As(err, &pe) {
+			s.opts.Logger.Error("idemgrpc: handler panicked; its key is released", "method", info.FullMethod, "panic", pe.Value, "stack", string(pe.Stack))
+			return nil, status.Error(codes.Internal, "the call failed; it may be retried with the same key")
+		}
 		var unstored *handlerError
 		if errors.As(err, &unstored) {
 			return nil, unstored.err // the handler's own error, not remembered

@@ -18,6 +18,7 @@ import (
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/internal/limit"
+	"github.com/seed094d4201/idem/internal/waitctx"
 )
 
 // Options configure Middleware. Every zero field means the default it
@@ -394,8 +395,8 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	// The wait ends with the client: a duplicate whose client hung up holds
 	// no goroutine, body nor MaxWaiters slot for the rest of Wait. The work,
 	// if this request claims the key, runs under ctx, which it cannot end.
-	bctx, cancel := context.WithTimeout(r.Context(), g.opts.Wait)
-	defer cancel()
+	bctx := waitctx.WithTimeout(r.Context(), g.opts.Wait)
+	defer bctx.Stop()
 	t, err := g.store.Begin(bctx, storeKey, fp[:])
 	if err != nil && !errors.Is(err, idem.ErrInProgress) && bctx.Err() != nil && errors.Is(err, bctx.Err()) {
 		// The wait bound ran out before the claim was even tried (a loaded

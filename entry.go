@@ -15,11 +15,17 @@ type entry[R any] struct {
 	fp    Fingerprint // of the payload that claimed the key; immutable
 	shard *shard[R]   // holds the entry; immutable, saves hashing the key again
 
+	phase lifecycle.Phase // guarded by shard.mu; written only by table.move
+	// shared: the outcome is final (recorded or replayed), so waiters
+	// replay it rather than fail with it. Written and read as val and err
+	// are (below). A byte beside phase's byte: apart, each padded the
+	// entry to a word, and the entry took a larger size class.
+	shared bool
+
 	// Guarded by shard.mu.
-	phase      lifecycle.Phase // written only by table.move
-	expires    time.Time       // set when Completed
-	run        *expiryList[R]  // the expiry run holding the entry; nil while in flight or pinned
-	prev, next *entry[R]       // neighbours in run
+	expires    time.Time      // set when Completed
+	run        *expiryList[R] // the expiry run holding the entry; nil while in flight or pinned
+	prev, next *entry[R]      // neighbours in run
 
 	// done is closed once the outcome is set. The first caller that needs to
 	// wait makes it, under shard.mu, and it is never replaced, so a claim can
@@ -34,7 +40,6 @@ type entry[R any] struct {
 
 	// Written only by the execution, before its phase leaves flight or done is
 	// closed; read only after observing either.
-	val    R
-	err    error
-	shared bool // the outcome is final (recorded or replayed): waiters replay it rather than fail with it
+	val R
+	err error
 }

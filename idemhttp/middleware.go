@@ -676,19 +676,29 @@ func (lk logKey) with(more ...any) []any {
 // hideKey returns msg with storeKey (and key, where it is quoted) replaced
 // by "key_sha256:" and hash, in each form an error may hold it: as it is,
 // and quoted by %q, once or more (an error quoted into another's message).
-// The bare key is replaced only in those forms, not wherever its bytes
-// occur: a short key would otherwise mangle the message.
+// The bare key is replaced only where it is quoted, its quotes included,
+// not wherever its bytes occur: a short key would otherwise mangle the
+// message. The forms are replaced in one pass, the longest first, so that
+// no replacement is replaced again (a short key's bytes may occur in the
+// hash, or in "key_sha256").
 func hideKey(msg, storeKey, key, hash string) string {
 	forms := []string{storeKey}
-	for _, k := range []string{storeKey, key} {
-		q := k
-		for range 3 {
-			q = strconv.Quote(q)
-			forms = append(forms, q[1:len(q)-1])
-		}
+	q := storeKey
+	for range 3 {
+		q = strconv.Quote(q)
+		forms = append(forms, q[1:len(q)-1])
 	}
+	q = strconv.Quote(key)
+	forms = append(forms, q) // quoted once: the quotes are its own
+	for range 2 {
+		q = strconv.Quote(q)
+		forms = append(forms, q[1:len(q)-1])
+	}
+	slices.SortStableFunc(forms, func(a, b string) int { return len(b) - len(a) })
+	forms = slices.Compact(forms)
+	pairs := make([]string, 0, 2*len(forms))
 	for _, f := range forms {
-		msg = strings.ReplaceAll(msg, f, "key_sha256:"+hash)
+		pairs = append(pairs, f, "key_sha256:"+hash)
 	}
-	return msg
+	return strings.NewReplacer(pairs...).Replace(msg)
 }

@@ -363,7 +363,12 @@ func (b *Backend) Sweep(ctx context.Context, now time.Time, limit int) (int, err
 		return 0, nil // LIMIT -1 would mean none to SQLite
 	}
 	n, err := b.exec(ctx, b.q.sweep, now.UnixNano(), limit)
-	return int(n), err
+	if err != nil {
+		// n counts the deletions of a transaction that did not commit
+		// (a full disk fails the commit, after the DELETE ran).
+		return 0, err
+	}
+	return int(n), nil
 }
 
 // Each calls fn for every record, in key order, stopping at fn's first

@@ -755,10 +755,10 @@ func (b *Backend) sweepChunk(ctx context.Context, now time.Time, limit int) (int
 		n = len(due)
 		return nil
 	})
-	if errors.Is(err, ErrCorrupt) {
-		return 0, err // the transaction was rolled back: nothing was deleted
+	if err != nil {
+		return 0, err // the chunk's deletions were not committed (a failed write or commit is rolled back): none counts
 	}
-	return n, err
+	return n, nil
 }
 
 // Each calls fn for every record, in key order, stopping at fn's first

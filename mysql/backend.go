@@ -500,7 +500,10 @@ func (b *Backend) Sweep(ctx context.Context, _ time.Time, limit int) (int, error
 		if err != nil {
 			return 0, err
 		}
-		return n, tx.Commit()
+		if err := tx.Commit(); err != nil {
+			return 0, err // not committed, or not known to be: nothing counts as swept
+		}
+		return n, nil
 	})
 	return int(n), err
 }

@@ -37,13 +37,13 @@ func (s *Store[R]) claimExited(t *Ticket[R]) {
 	case (t.lease != nil && !t.leaseTaken) || t.begun: // the claim is fully made (and told): finish it
 		t.finished = true
 		var zero R
-		s.finish(t, zero, errGoexit)
+		s.finish(t, zero, ErrGoexit)
 		return
 	case t.claim != nil: // a durable claim, not yet renewed
 		_ = s.letGo(context.WithoutCancel(t.ctx), *t.claim, t.op)
 	}
 	t.endWork()
-	t.e, e.err = nil, errGoexit
+	t.e, e.err = nil, ErrGoexit
 	s.table.release(e)
 }
 

@@ -75,12 +75,17 @@ var (
 	// ticket's ended Context: there was no work to do, and work done
 	// anyway is not recorded.
 	ErrReplayed = errors.New("idem: the ticket holds a replayed outcome: there is no work to do (ask Ticket.Replayed first)")
+
+	// ErrGoexit is returned to the callers that waited on an execution
+	// whose fn ended its goroutine (runtime.Goexit, as testing's FailNow
+	// does) rather than return. The key is released, as for a panic
+	// (PanicError), and the next call runs fn again.
+	ErrGoexit = errors.New("idem: fn called runtime.Goexit")
 )
 
 var (
 	errNilContext = errors.New("idem: nil Context")
 	errNilFunc    = errors.New("idem: nil fn")
-	errGoexit     = errors.New("idem: fn called runtime.Goexit")
 )
 
 // Final marks err as a definitive outcome of the operation, such as "card

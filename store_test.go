@@ -282,7 +282,7 @@ func TestGoexitInFnReleasesKey(t *testing.T) {
 	go func() { _, _ = s.RunOnce(context.Background(), "k", "p", quitter) }()
 	<-started
 	_, err := s.RunOnce(context.Background(), "k", "p", quitter)
-	assert.ErrorIs(t, err, errGoexit)
+	assert.ErrorIs(t, err, ErrGoexit)
 	assert.Equal(t, 0, s.Len())
 }
 

@@ -239,7 +239,7 @@ func (t *Ticket[R]) checked(err error) error {
 	defer exiting(&returned, func() {
 		var zero R
 		t.finished = true
-		t.val, t.err = t.s.finish(t, zero, errGoexit)
+		t.val, t.err = t.s.finish(t, zero, ErrGoexit)
 	})
 	err = checkedError(err)
 	returned = true
@@ -303,7 +303,7 @@ func (t *Ticket[R]) do(ctx context.Context, fn func(context.Context) (R, error))
 	}
 	defer func() {
 		if !t.finished { // fn called runtime.Goexit: it failed before commit
-			t.settle(zero, errGoexit)
+			t.settle(zero, ErrGoexit)
 		}
 	}()
 	val, err, _ := call(ctx, fn)

@@ -385,7 +385,7 @@ func (s *server) refusal(err error) error {
 		return status.Errorf(codes.InvalidArgument, "malformed idempotency-key: %v", err)
 	}
 	var pe *idem.PanicError
-	if errors.As(err, &pe) {
+	if errors.As(err, &pe) || errors.Is(err, idem.ErrGoexit) {
 		return status.Error(codes.Internal, "the call failed; it may be retried with the same key")
 	}
 	if idem.IsFinal(err) {

@@ -551,7 +551,7 @@ func (g *Guard) answer(w http.ResponseWriter, req *http.Request, next http.Handl
 		g.replay(w, req, ns.resp, lk) // the shared execution's outcome, not kept for later
 	case errors.As(err, &ns):
 		g.fail(w, req, http.StatusConflict, "The request with this Idempotency-Key ended with a response that was not kept (streamed, or written after it); retry with the same key.", g.opts.RetryAfter, err)
-	case errors.As(err, &pe):
+	case errors.As(err, &pe) || errors.Is(err, idem.ErrGoexit):
 		g.fail(w, req, http.StatusInternalServerError, "The request failed; it may be retried with the same key.", 0, err)
 	case errors.Is(err, errOverQuota):
 		// A client can cause this at will: Debug, never a log flood.

@@ -12,20 +12,30 @@ package waitctx
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // A Ctx is context.WithTimeout(parent, d) made lazily: the same deadline,
-// values, Done, Err and Cause, as seen from outside, whenever they are
-// asked for. Stop it when the wait is over, as a CancelFunc.
+// values and Done, and it ends when that would. Once it has ended, Err
+// and context.Cause say how, as that would, with one difference: when
+// more than one end came before anything asked (its time ran out, and
+// then its parent ended, or it was stopped), they may name a later one
+// than the first. Stop it when the wait is over, as a CancelFunc.
 type Ctx struct {
 	parent   context.Context
 	deadline time.Time // when d runs out; the parent's own may come first
 
+	inner atomic.Pointer[made] // set once, under mu: read without a lock by Value and Err
+
 	mu      sync.Mutex
-	inner   context.Context    // guarded by mu; context.WithDeadline(parent, deadline), made once
-	cancel  context.CancelFunc // guarded by mu; inner's
-	stopped bool               // guarded by mu
+	stopped bool // guarded by mu
+}
+
+// made is the context a Ctx stands for, once made.
+type made struct {
+	ctx    context.Context // context.WithDeadline(parent, deadline)
+	cancel context.CancelFunc
 }
 
 var _ context.Context = (*Ctx)(nil)
@@ -42,23 +52,31 @@ func (c *Ctx) Stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopped = true
-	if c.cancel != nil {
-		c.cancel()
+	if m := c.inner.Load(); m != nil {
+		m.cancel()
 	}
 }
 
-// made returns the context c stands for, making it if it is not yet made.
-// c.mu is held. A parent whose deadline comes first ends it, not a timer
-// of its own that could fire first: as with context.WithDeadline, c ends
-// when its parent does, and not before.
-func (c *Ctx) made() context.Context {
-	if c.inner == nil {
-		c.inner, c.cancel = context.WithDeadline(c.parent, c.deadline)
-		if c.stopped {
-			c.cancel()
-		}
+// ensure returns the context c stands for, making it if it is not yet made.
+// A parent whose deadline comes first ends it, not a timer of its own
+// that could fire first: as with context.WithDeadline, c ends when its
+// parent does, and not before.
+func (c *Ctx) ensure() context.Context {
+	if m := c.inner.Load(); m != nil {
+		return m.ctx
 	}
-	return c.inner
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.inner.Load()
+	if m == nil {
+		m = new(made)
+		m.ctx, m.cancel = context.WithDeadline(c.parent, c.deadline)
+		if c.stopped {
+			m.cancel()
+		}
+		c.inner.Store(m)
+	}
+	return m.ctx
 }
 
 // Deadline returns the deadline, which is known without a timer: the
@@ -71,32 +89,29 @@ func (c *Ctx) Deadline() (time.Time, bool) {
 }
 
 // Done returns the channel closed when c ends: the context is made now.
-func (c *Ctx) Done() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.made().Done()
-}
+func (c *Ctx) Done() <-chan struct{} { return c.ensure().Done() }
 
 // Err returns nil while c has not ended, without making the context; once
 // c has ended it makes it, so that Done, Err and context.Cause agree.
 func (c *Ctx) Err() error {
+	if m := c.inner.Load(); m != nil {
+		return m.ctx.Err()
+	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.inner == nil && !c.stopped && c.parent.Err() == nil && time.Now().Before(c.deadline) {
+	stopped := c.stopped
+	c.mu.Unlock()
+	if !stopped && c.parent.Err() == nil && time.Now().Before(c.deadline) {
 		return nil
 	}
-	return c.made().Err()
+	return c.ensure().Err()
 }
 
 // Value returns the parent's values. Once the context is made, lookups go
 // through it: the context package then finds its cancelCtx, and a child
 // context or an AfterFunc under c is tied to it without a goroutine.
 func (c *Ctx) Value(key any) any {
-	c.mu.Lock()
-	inner := c.inner
-	c.mu.Unlock()
-	if inner != nil {
-		return inner.Value(key)
+	if m := c.inner.Load(); m != nil {
+		return m.ctx.Value(key)
 	}
 	return c.parent.Value(key)
 }

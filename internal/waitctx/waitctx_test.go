@@ -13,11 +13,7 @@ import (
 )
 
 // made reports whether c has made its context (and timer).
-func made(c *Ctx) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.inner != nil
-}
+func isMade(c *Ctx) bool { return c.inner.Load() != nil }
 
 type valueKey struct{}
 
@@ -33,7 +29,7 @@ func TestAWaitNobodyWaitsOnMakesNoTimer(t *testing.T) {
 	assert.Equal(t, "v", c.Value(valueKey{}))
 	assert.NoError(t, c.Err())
 	assert.NoError(t, context.Cause(c))
-	assert.False(t, made(c), "reading the deadline, a value or Err made the timer")
+	assert.False(t, isMade(c), "reading the deadline, a value or Err made the timer")
 
 	c.Stop()
 	assert.ErrorIs(t, c.Err(), context.Canceled)

@@ -109,7 +109,7 @@ type Options struct {
 	// another server sharing the store's Backend, waits for that outcome
 	// before it is answered Aborted; a call whose own deadline comes first
 	// is answered DeadlineExceeded. It bounds the whole claim, so it must
-	// also cover a round trip to the Backend. Zero means 10 seconds.
+	// also cover a round trip to the Backend. Zero or less means 10 seconds.
 	Wait time.Duration
 
 	// RetryAfter is the delay an Aborted answer's RetryInfo suggests. Zero

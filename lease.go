@@ -43,21 +43,22 @@ func renewEvery(lease time.Duration) time.Duration { return lease / 4 }
 // finished owner whose outcome is not yet recorded must keep its claim
 // alive until it is. A renewal already in flight is counted in
 // s.background, so Close waits for it, and its context ends when the store
-// closes. A fast fn costs one timer and no goroutine.
+// closes. Until its first renewal is due the lease waits in the store's
+// queue (leaseQueue), under the queue's one timer: a fast fn costs no
+// timer of its own and no goroutine.
 func (l *lease[R]) renew(work context.Context, endWork context.CancelFunc, sent time.Time) {
 	s := l.s
 	l.ctx, l.cancel = context.WithCancelCause(work)
 	l.endWork = endWork
 	every := renewEvery(s.opts.Lease)
 	l.until, l.next = sent.Add(leaseTrust(s.opts.Lease)), sent.Add(every)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.timer = time.AfterFunc(time.Until(l.next), l.fire)
+	s.leases.add(l)
 }
 
-// A lease is the renewals of one durable claim: one timer, which fires at
-// the next renewal or, while a renewal is in flight, at the moment the
-// lease stops being trusted, whichever comes first.
+// A lease is the renewals of one durable claim: the store's queue until
+// its first renewal is due, then a timer of its own, which fires at the
+// next renewal or, while a renewal is in flight, at the moment the lease
+// stops being trusted, whichever comes first.
 type lease[R any] struct {
 	s       *Store[R]
 	claim   backend.Record  // the claim renewed; the Ticket points at it
@@ -72,7 +73,12 @@ type lease[R any] struct {
 	renewals int         // guarded by mu: renewals started
 	until    time.Time   // guarded by mu: when the lease stops being trusted
 	next     time.Time   // guarded by mu: when the next renewal is due
-	timer    *time.Timer // guarded by mu: Reset while not stopped
+	timer    *time.Timer // guarded by mu: made by the first fire (arm), Reset while not stopped
+
+	// In the store's leaseQueue until the first renewal is due; guarded
+	// by that queue's mu.
+	queued       bool
+	qprev, qnext *lease[R]
 }
 
 // end ends the work's context; the renewals go on until stop.
@@ -90,13 +96,17 @@ func (l *lease[R]) stop() {
 	}
 	l.mu.Lock()
 	l.stopped = true
-	l.timer.Stop()
+	if l.timer != nil {
+		l.timer.Stop()
+	}
 	l.mu.Unlock()
+	l.s.leases.remove(l)
 	l.cancel(nil)
 }
 
-// fire runs on the timer's goroutine: it ends the trust if the lease has
-// run out, and starts the renewal that is due.
+// fire runs on the timer's goroutine (the queue's, the first time): it
+// ends the trust if the lease has run out, and starts the renewal that is
+// due.
 func (l *lease[R]) fire() {
 	l.mu.Lock()
 	if l.stopped {
@@ -124,7 +134,7 @@ func (l *lease[R]) fire() {
 	l.s.background.Add(1) // before stop can return: Close waits for this call
 	left := l.until.Sub(now)
 	if !lapsed { // the trust must end on time, whatever the call does
-		l.timer.Reset(left)
+		l.arm(left)
 	}
 	l.mu.Unlock()
 	defer l.s.background.Done()
@@ -170,7 +180,9 @@ func (l *lease[R]) renewed(sent time.Time, err error) {
 		// under the lost token.
 		l.cancel(ErrLeaseLost)
 		l.stopped = true
-		l.timer.Stop()
+		if l.timer != nil {
+			l.timer.Stop()
+		}
 		return
 	case err == nil:
 		l.until, l.next = sent.Add(leaseTrust(lease)), sent.Add(renewEvery(lease))
@@ -187,7 +199,17 @@ func (l *lease[R]) schedule(lapsed bool) {
 	if !lapsed && l.until.Before(at) {
 		at = l.until
 	}
-	l.timer.Reset(time.Until(at))
+	l.arm(time.Until(at))
+}
+
+// arm sets the lease's own timer to fire in d, making it the first time.
+// l.mu is held.
+func (l *lease[R]) arm(d time.Duration) {
+	if l.timer == nil {
+		l.timer = time.AfterFunc(d, l.fire)
+		return
+	}
+	l.timer.Reset(d)
 }
 
 // trusted reports whether a lease asked for at sent may still be trusted.

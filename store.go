@@ -47,7 +47,8 @@ type Store[R any] struct {
 	recording atomic.Int64
 	recorded  chan struct{}
 	abandoned atomic.Int64
-	releases  releaser // claims of unknown fate, released in the background
+	releases  releaser      // claims of unknown fate, released in the background
+	leases    leaseQueue[R] // durable claims whose first renewal is not yet due
 	// unwritable counts the outcomes held in memory that no write can
 	// record (the Codec could not encode them): their claims are held
 	// until Close, which then leaves them to their leases.

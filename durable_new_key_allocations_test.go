@@ -39,5 +39,9 @@ func TestDurableNewKeyAllocations(t *testing.T) {
 		}
 		next++
 	})
-	assert.LessOrEqual(t, allocs, 18.0)
+	want := 18.0
+	if raceEnabled {
+		want++ // the detector's own, on this path
+	}
+	assert.LessOrEqual(t, allocs, want)
 }

@@ -75,10 +75,9 @@ type lease[R any] struct {
 	next     time.Time   // guarded by mu: when the next renewal is due
 	timer    *time.Timer // guarded by mu: made by the first fire (arm), Reset while not stopped
 
-	// In the store's leaseQueue until the first renewal is due; guarded
-	// by that queue's mu.
-	queued       bool
-	qprev, qnext *lease[R]
+	// qidx is the lease's index in the store's leaseQueue until its first
+	// renewal is due, -1 after; guarded by that queue's mu.
+	qidx int
 }
 
 // end ends the work's context; the renewals go on until stop.

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/seed094d4201/idem/internal/svctest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -33,7 +34,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// svctest.M: the run ends with one line saying what was skipped and
+	// why (a tmpfs that could not be mounted, say).
+	os.Exit(svctest.M(m).Run())
 }
 
 // startChild runs this test binary in mode with env added, returns once it

@@ -1,16 +1,15 @@
 package idemgrpc_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemgrpc"
+	"github.com/seed094d4201/idem/internal/faulttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -19,43 +18,12 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// asking is a context that tells when its Done channel is first asked
-// for: a duplicate asks for it as it starts to wait for the key in flight.
-type asking struct {
-	context.Context
-	once  sync.Once
-	asked chan struct{}
-}
-
-func (c *asking) Done() <-chan struct{} {
-	c.once.Do(func() { close(c.asked) })
-	return c.Context.Done()
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A duplicate that waited on a handler which ended its goroutine
 // (runtime.Goexit) is answered as for a handler that panicked, Internal,
 // not Unavailable with "store unavailable" logged: the store is fine, the
 // handler failed and its key is released.
 func TestADuplicateOfAHandlerThatEndedItsGoroutineIsAnsweredAsForAPanic(t *testing.T) {
-	var logs lockedBuffer
+	var logs faulttest.LogBuffer
 	intercept := idemgrpc.UnaryServerInterceptor(newStore(t, idem.Options{}),
 		idemgrpc.Options{Unscoped: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	info := &grpc.UnaryServerInfo{FullMethod: "/idem.test.Payments/Charge"}
@@ -73,7 +41,7 @@ func TestADuplicateOfAHandlerThatEndedItsGoroutineIsAnsweredAsForAPanic(t *testi
 	}()
 	<-entered
 
-	ctx := &asking{Context: in, asked: make(chan struct{})}
+	ctx := faulttest.NewWaiting(in)
 	var ran atomic.Bool
 	answered := make(chan error, 1)
 	go func() {
@@ -83,7 +51,7 @@ func TestADuplicateOfAHandlerThatEndedItsGoroutineIsAnsweredAsForAPanic(t *testi
 		})
 		answered <- err
 	}()
-	<-ctx.asked
+	<-ctx.Asked
 	close(gate)
 	err = <-answered
 	assert.False(t, ran.Load(), "the duplicate ran the handler: it did not wait")

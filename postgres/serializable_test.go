@@ -123,3 +123,30 @@ CREATE TRIGGER conflict BEFORE UPDATE ON `+table+` FOR EACH ROW EXECUTE FUNCTION
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.True(t, conflicted(err), "the conflict is kept: %v", err)
 }
+
+// A conflict that never ends, its statement cut short by ctx's end (each
+// attempt outlasts what is left of ctx): the error still says both, the
+// conflict that kept the statement retrying and ctx's end. The ctx once
+// ended mid-statement only under load, and the error then said the
+// socket's timeout alone.
+func TestConflictThatNeverEndsCutMidStatement(t *testing.T) {
+	pool := testPool(t)
+	b, table := testBackend(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE FUNCTION `+table+`_conflict() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.2); RAISE EXCEPTION 'forced' USING ERRCODE = '40001'; END $$;
+CREATE TRIGGER conflict BEFORE UPDATE ON `+table+` FOR EACH ROW EXECUTE FUNCTION `+table+`_conflict();`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP FUNCTION IF EXISTS "+table+"_conflict CASCADE") })
+	rec := backend.Record{Key: "k", Token: "t", State: backend.StatePending}
+	_, won, err := b.Claim(ctx, rec, time.Now(), time.Minute)
+	require.NoError(t, err)
+	require.True(t, won)
+
+	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond) // the second attempt, 200 ms in, is cut at 300
+	defer cancel()
+	err = b.Complete(tctx, rec, time.Now(), time.Hour)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.True(t, conflicted(err), "the conflict is kept: %v", err)
+}

@@ -29,11 +29,19 @@ func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 		var zero T
 		return zero, backend.Refuse(err)
 	}
+	var conflict error // the last attempt's, while they conflict
 	for attempt := 0; ; attempt++ {
 		v, err := f()
 		if !conflicted(err) {
+			if conflict != nil && err != nil && ctx.Err() != nil {
+				// ctx ended while the statement was sent again: what ended it
+				// says nothing of the conflict that kept it retrying, and
+				// the caller is told both.
+				return v, fmt.Errorf("%w (sent %d times, the last cut short: %w)", conflict, attempt+1, err)
+			}
 			return v, explained(err)
 		}
+		conflict = err
 		wait := time.Millisecond << min(attempt, 6)
 		if perr := pause(ctx, wait/2+rand.N(wait)); perr != nil {
 			return v, fmt.Errorf("%w (sent %d times, until: %w)", err, attempt+1, context.Cause(ctx))

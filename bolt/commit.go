@@ -77,7 +77,17 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 	batch := make([]*request, 0, maxBatch)
 	results := make([]error, 0, maxBatch)
 	var later []*request // after a rollback: the requests not yet run, for the next transaction
+	// broken is the error of a write in which bbolt itself panicked (a
+	// damaged page read while it began, committed or rolled back its
+	// transaction): it may have left its writer lock held, and another
+	// write would wait for it for ever. Every request after is answered
+	// with it, and none is sent to bbolt again.
+	var broken error
 	for first := range reqs {
+		if broken != nil {
+			first.done <- broken
+			continue
+		}
 		batch = append(batch[:0], first)
 		open := true // whether the transaction may gather more requests
 		for len(batch) > 0 {
@@ -93,6 +103,15 @@ func committer(db *bbolt.DB, reqs <-chan *request, maxBatch int, exited chan<- s
 				}
 				return nil
 			})
+			if errors.Is(err, errBboltPanicked) {
+				broken = err
+				for _, r := range append(batch, later...) {
+					r.done <- err
+				}
+				clear(batch)
+				batch, later = batch[:0], later[:0]
+				break
+			}
 			if failed >= 0 && errors.Is(err, errRolledBack) {
 				// Answer the one that failed; commit the ones that ran
 				// before it, as they are, in a transaction of their own;
@@ -150,12 +169,39 @@ func gather(reqs <-chan *request, batch *[]*request, max int) bool {
 // update is db.Update made safe against a damaged file: bbolt reads pages
 // straight from its memory map, so a corrupt page can panic, and a bad offset
 // or a file truncated under it can fault. Both become an ErrCorrupt error and
-// the transaction is rolled back.
+// the transaction is rolled back. A panic of fn's own is fn's (its op's
+// error); one of bbolt's, outside fn, also matches errBboltPanicked.
 func update(db *bbolt.DB, fn func(*bbolt.Tx) error) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer recoverCorrupt(&err)
-	return db.Update(fn)
+	inFn := false
+	defer func() {
+		if v := recover(); v != nil {
+			if inFn {
+				err = fmt.Errorf("%w: %v", ErrCorrupt, v)
+			} else {
+				err = fmt.Errorf("%w: %w: %v", ErrCorrupt, errBboltPanicked, v)
+			}
+		}
+	}()
+	if testHookUpdate != nil {
+		testHookUpdate(db)
+	}
+	return db.Update(func(tx *bbolt.Tx) error {
+		inFn = true
+		err := fn(tx)
+		inFn = false
+		return err
+	})
 }
+
+// errBboltPanicked is why a write failed when bbolt itself panicked in it,
+// outside the write's own function: beginning, committing or rolling back
+// its transaction over a damaged page.
+var errBboltPanicked = errors.New("bolt: bbolt panicked outside the transaction's work, and may hold its writer lock")
+
+// testHookUpdate, if set, runs in update before bbolt's Update: tests
+// make bbolt panic there with its writer lock held.
+var testHookUpdate func(*bbolt.DB)
 
 // view is db.View with the same protection as update.
 func view(db *bbolt.DB, fn func(*bbolt.Tx) error) (err error) {

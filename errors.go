@@ -29,9 +29,11 @@ var (
 	ErrInProgress = backend.ErrInProgress
 
 	// ErrKeyHeld is returned, matching ErrInProgress too, when Forget or
-	// Resolve is asked to change a key in flight in this store or claimed
-	// under a live lease elsewhere: an operator's call never waits, and
-	// never takes a key from a live owner.
+	// Resolve is asked to change a key in flight in this store, whose
+	// outcome this store is still recording, that another Forget or
+	// Resolve in this store is changing, or claimed under a live lease
+	// elsewhere: an operator's call never waits, and never takes a key
+	// from a live owner.
 	ErrKeyHeld = fmt.Errorf("%w: refused while the key is held", ErrInProgress)
 
 	// ErrHeldOutsideTx is returned, matching ErrInProgress too, by a
@@ -144,8 +146,10 @@ func (e *PanicError) Unwrap() error {
 // The key stays claimed rather than released: for as long as the store
 // lives, this process replays the outcome from memory, keeps the claim's
 // lease renewed (so no other store takes the key for interrupted and runs
-// it again) and goes on trying to record it; after a restart the key is
-// interrupted (ErrOutcomeUnknown) until an operator reconciles it. If
+// it again) and goes on trying to record it (Forget and Resolve of the
+// key in this store are refused with ErrKeyHeld meanwhile); after a
+// restart the key is interrupted (ErrOutcomeUnknown) until an operator
+// reconciles it. If
 // instead the claim was lost (Err matches backend.ErrNotOwner: its lease
 // lapsed, or an operator deleted it, and another owner may have taken the
 // key), the backend holds what it holds now, which later callers get.

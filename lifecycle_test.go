@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -108,15 +109,22 @@ var lcDrivers = map[lcPair]lcDriver{
 	{lc.Absent, lc.Claim}:        {onMemory, func(t *testing.T, h *lcHarness) { h.begin(t, "p") }},
 	{lc.Absent, lc.ClaimDurable}: {onBackend, func(t *testing.T, h *lcHarness) { h.begin(t, "p") }},
 	{lc.Absent, lc.Unpin}: {onBackend, func(t *testing.T, h *lcHarness) {
-		h.pinned(t)
-		landed := h.gate.holdComplete()
-		h.gate.allowComplete()
-		<-landed // recorded: its unpin waits
+		// A Backend that ends the goroutine in Complete: the entry is
+		// released, and the outcome recorded in the background, whose
+		// unpin then finds the entry gone.
+		h.gate.exitComplete()
+		h.begin(t, "p")
+		exited := make(chan struct{})
+		go func() {
+			defer close(exited)
+			h.finish(t, nil)
+		}()
+		<-exited
+	}},
+	{lc.Absent, lc.Reconcile}: {onBackend, func(t *testing.T, h *lcHarness) {
 		if err := h.s.Forget(context.Background(), h.key); err != nil {
 			t.Fatal(err)
 		}
-		h.heard(t, lc.Pinned, lc.Forget)
-		h.gate.releaseComplete()
 	}},
 	{lc.Claiming, lc.Call}: {onBackend, func(t *testing.T, h *lcHarness) {
 		h.claiming(t)
@@ -139,10 +147,10 @@ var lcDrivers = map[lcPair]lcDriver{
 			t.Fatalf("a refused claim: %v", err)
 		}
 	}},
-	{lc.Claiming, lc.Forget}: {onBackend, func(t *testing.T, h *lcHarness) {
-		h.gate.forgetting = func() { h.claiming(t) } // claimed here once the Backend forgot
-		if err := h.s.Forget(context.Background(), h.key); err != nil {
-			t.Fatal(err)
+	{lc.Claiming, lc.Reconcile}: {onBackend, func(t *testing.T, h *lcHarness) {
+		h.claiming(t)
+		if err := h.s.Forget(context.Background(), h.key); !errors.Is(err, idem.ErrKeyHeld) {
+			t.Errorf("Forget of a key claiming here: %v", err)
 		}
 		h.gate.releaseClaim()
 	}},
@@ -156,10 +164,16 @@ var lcDrivers = map[lcPair]lcDriver{
 			t.Fatalf("another payload while running: %v", err)
 		}
 	}},
-	{lc.Running, lc.Forget}: {onBackend, func(t *testing.T, h *lcHarness) {
-		h.gate.forgetting = func() { h.begin(t, "p") } // claimed here once the Backend forgot
-		if err := h.s.Forget(context.Background(), h.key); err != nil {
-			t.Fatal(err)
+	{lc.Running, lc.Forget}: {onMemory, func(t *testing.T, h *lcHarness) {
+		h.begin(t, "p")
+		if err := h.s.Forget(context.Background(), h.key); !errors.Is(err, idem.ErrKeyHeld) {
+			t.Errorf("Forget of a key running here: %v", err)
+		}
+	}},
+	{lc.Running, lc.Reconcile}: {onBackend, func(t *testing.T, h *lcHarness) {
+		h.begin(t, "p")
+		if err := h.s.Forget(context.Background(), h.key); !errors.Is(err, idem.ErrKeyHeld) {
+			t.Errorf("Forget of a key running here: %v", err)
 		}
 	}},
 	{lc.Running, lc.Complete}: {onMemory, func(t *testing.T, h *lcHarness) {
@@ -198,15 +212,14 @@ var lcDrivers = map[lcPair]lcDriver{
 		h.pinned(t)
 		h.gate.allowComplete()
 	}},
-	{lc.Pinned, lc.Forget}: {onBackend, func(t *testing.T, h *lcHarness) {
+	{lc.Pinned, lc.Reconcile}: {onBackend, func(t *testing.T, h *lcHarness) {
 		h.pinned(t)
-		landed := h.gate.holdComplete()
-		h.gate.allowComplete()
-		<-landed
-		if err := h.s.Forget(context.Background(), h.key); err != nil {
-			t.Fatal(err)
+		if err := h.s.Forget(context.Background(), h.key); !errors.Is(err, idem.ErrKeyHeld) {
+			t.Errorf("Forget of an outcome this store is still recording: %v", err)
 		}
-		h.gate.releaseComplete()
+		if err := h.s.Resolve(context.Background(), h.key, "r", nil); !errors.Is(err, idem.ErrKeyHeld) {
+			t.Errorf("Resolve of an outcome this store is still recording: %v", err)
+		}
 	}},
 	{lc.Completed, lc.Call}: {onMemory, func(t *testing.T, h *lcHarness) {
 		h.completed(t)
@@ -231,6 +244,28 @@ var lcDrivers = map[lcPair]lcDriver{
 		h.clock.Add(time.Hour + time.Second)
 		if n, err := h.s.Sweep(context.Background()); err != nil || n != 1 {
 			t.Fatalf("Sweep past the TTL: %d, %v", n, err)
+		}
+	}},
+	{lc.Reconciling, lc.CallOther}: {onBackend, func(t *testing.T, h *lcHarness) {
+		h.gate.forgetting = func() { h.callUntilHeard(t, "p", lc.Reconciling, lc.CallOther) }
+		if err := h.s.Forget(context.Background(), h.key); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{lc.Reconciling, lc.Reconcile}: {onBackend, func(t *testing.T, h *lcHarness) {
+		h.gate.forgetting = func() {
+			h.gate.forgetting = nil
+			if err := h.s.Forget(context.Background(), h.key); !errors.Is(err, idem.ErrKeyHeld) {
+				t.Errorf("a Forget during another: %v", err)
+			}
+		}
+		if err := h.s.Forget(context.Background(), h.key); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{lc.Reconciling, lc.Reconciled}: {onBackend, func(t *testing.T, h *lcHarness) {
+		if err := h.s.Forget(context.Background(), h.key); err != nil {
+			t.Fatal(err)
 		}
 	}},
 }
@@ -430,6 +465,7 @@ type lcGate struct {
 	claimed      chan struct{} // closed as that Claim arrives
 	claimRefused bool
 	completeNo   bool          // Complete is refused
+	completeExit bool          // the next Complete ends its goroutine (runtime.Goexit)
 	completeHold chan struct{} // the next Complete to land waits for it to close
 	// completeLanded is closed once that Complete has landed.
 	completeLanded chan struct{}
@@ -460,6 +496,12 @@ func (g *lcGate) refuseClaim() {
 func (g *lcGate) refuseCompletes() {
 	g.mu.Lock()
 	g.completeNo = true
+	g.mu.Unlock()
+}
+
+func (g *lcGate) exitComplete() {
+	g.mu.Lock()
+	g.completeExit = true
 	g.mu.Unlock()
 }
 
@@ -515,11 +557,15 @@ func (g *lcGate) Claim(ctx context.Context, rec backend.Record, now time.Time, l
 
 func (g *lcGate) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
 	g.mu.Lock()
-	refused, hold, landed := g.completeNo, g.completeHold, g.completeLanded
+	refused, hold, landed, exit := g.completeNo, g.completeHold, g.completeLanded, g.completeExit
 	if !refused {
 		g.completeLanded = nil
 	}
+	g.completeExit = false
 	g.mu.Unlock()
+	if exit {
+		runtime.Goexit()
+	}
 	if refused {
 		return backend.ErrRefused
 	}

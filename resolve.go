@@ -38,11 +38,18 @@ func (s *Store[R]) Resolve(ctx context.Context, key string, val R, err error) er
 	switch {
 	case s.closed.Load():
 		return ErrClosed
-	case s.table.inFlight(key):
+	case s.opts.Backend == nil && s.table.inFlight(key):
 		return fmt.Errorf("%w: key %q is in flight in this store", ErrKeyHeld, key)
 	case s.opts.Backend == nil:
 		return fmt.Errorf("%w: a store without a Backend keeps no interrupted keys", ErrNotInterrupted)
 	}
+	// Held here meanwhile, as Forget holds it: no claim of the key
+	// starts here while its record is read and overwritten.
+	m, herr := s.table.reconcile(key)
+	if herr != nil {
+		return herr
+	}
+	defer s.table.reconciled(m)
 	rec, ok, gerr := s.b.Get(ctx, key, s.opts.Now())
 	switch {
 	case gerr != nil:

@@ -176,9 +176,11 @@ func (s *Store[R]) now() time.Time {
 
 // Forget drops key's remembered outcome, in memory and in the Backend, so the
 // next call with the key runs fn again. It is the operator's reconciliation
-// of a key, and the only way to clear an interrupted one. A key in flight is
-// refused with ErrKeyHeld (which matches ErrInProgress); a key not held is
-// not an error.
+// of a key, and the only way to clear an interrupted one. A key in flight,
+// here or under a live lease elsewhere, or whose outcome this store is
+// still recording, is refused with ErrKeyHeld (which matches
+// ErrInProgress); a key not held is not an error. A call of the key here
+// waits while Forget is at the Backend, and runs after it.
 func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	if ctx == nil {
 		return errNilContext
@@ -189,34 +191,29 @@ func (s *Store[R]) Forget(ctx context.Context, key string) error {
 	if err := CheckKey(key); err != nil {
 		return err
 	}
-	// Local state first: a closed store, or a key in flight here (whose
-	// lease the backend may judge lapsed while fn still runs), must not
-	// reach the backend. Then the backend, which refuses a record pending
-	// under a live lease elsewhere; memory then drops what it holds.
-	switch {
-	case s.closed.Load():
+	if s.closed.Load() {
 		return ErrClosed
-	case s.table.inFlight(key):
-		return fmt.Errorf("%w: key %q is in flight in this store", ErrKeyHeld, key)
 	}
-	if s.opts.Backend != nil {
-		switch err := s.b.Forget(ctx, key, s.opts.Now()); {
-		case errors.Is(err, ErrInProgress):
-			return fmt.Errorf("%w: %w", ErrKeyHeld, err)
-		case err != nil:
-			return &BackendError{Op: "forget", Err: err}
-		}
-		// The backend's record is gone: the forget happened. A call that
-		// claimed the key here since came after it, and is neither
-		// refused nor dropped (reporting a refusal would tell the
-		// operator the old record is still there); nor is a Close that
-		// came between (memory then holds nothing for the key anyway).
-		if err := s.table.forget(key); err != nil && !errors.Is(err, ErrKeyHeld) && !errors.Is(err, ErrClosed) {
-			return err
-		}
-		return nil
+	if s.opts.Backend == nil {
+		return s.table.forget(key)
 	}
-	return s.table.forget(key)
+	// Memory first: a key in flight here, or whose outcome this store is
+	// still recording, must not reach the Backend, which may judge its
+	// lease lapsed by a clock ahead. Held meanwhile, so that no claim of
+	// the key starts here before the Backend has answered. The Backend
+	// then refuses a record pending under a live lease elsewhere.
+	m, err := s.table.reconcile(key)
+	if err != nil {
+		return err
+	}
+	defer s.table.reconciled(m)
+	switch err := s.b.Forget(ctx, key, s.opts.Now()); {
+	case errors.Is(err, ErrInProgress):
+		return fmt.Errorf("%w: %w", ErrKeyHeld, err)
+	case err != nil:
+		return &BackendError{Op: "forget", Err: err}
+	}
+	return nil
 }
 
 // Sweep removes the outcomes that have expired, from memory and from the

@@ -46,6 +46,7 @@ type shard[R any] struct {
 	mu      sync.Mutex
 	closed  bool                 // guarded by mu; no claims once set
 	entries map[string]*entry[R] // guarded by mu
+	marks   int                  // how many of entries are reconcile's marks, not keys; guarded by mu
 	// runs holds the completed entries, each run in expiry order; one
 	// unless the clock stepped back, each step back within a TTL adding
 	// one. Guarded by mu.
@@ -223,8 +224,9 @@ func (t *table[R]) pin(e *entry[R]) {
 // unpin removes e, a pinned entry whose outcome the backend has now
 // settled, so that later calls read the backend. It reports false while
 // e's execution has yet to pin it. An entry that is no longer its key's
-// (Forget dropped it, and another execution claimed the key) is left
-// alone: its key's entry is another owner's.
+// (released while its outcome was recorded in the background, and the
+// key perhaps claimed again since) is left alone: its key's entry is
+// another owner's.
 func (t *table[R]) unpin(e *entry[R]) bool {
 	sh := e.shard
 	sh.mu.Lock()
@@ -274,8 +276,64 @@ func (t *table[R]) inFlight(key string) bool {
 	return e != nil && e.phase.InFlight()
 }
 
-// forget removes key's completed entry. A key in flight is refused with
-// ErrInProgress; an absent key is not an error.
+// reconcile holds key in memory for an operator's Forget or Resolve
+// with a Backend, and returns the mark that holds it: until reconciled
+// ends it, a call of the key here waits, then claims again, so that no
+// claim of the key starts here while the operator changes its record in
+// the Backend. A key in flight here, whose outcome this store is still
+// recording (pinned), or that another operator's call holds, is refused
+// with ErrKeyHeld. The mark counts against no MaxKeys: an operator can
+// reconcile a key of a full store.
+func (t *table[R]) reconcile(key string) (*entry[R], error) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.closed {
+		return nil, ErrClosed
+	}
+	e := sh.entries[key]
+	if e == nil {
+		m := &entry[R]{key: key, shard: sh}
+		if a := t.move(m, lifecycle.Reconcile); a != lifecycle.Own {
+			return nil, strayMove(lifecycle.Absent, lifecycle.Reconcile)
+		}
+		sh.entries[key] = m
+		sh.marks++
+		return m, nil
+	}
+	switch from := e.phase; t.move(e, lifecycle.Reconcile) {
+	case lifecycle.Held:
+		why := "is in flight in this store"
+		switch from {
+		case lifecycle.Pinned:
+			why = "has an outcome this store is still recording"
+		case lifecycle.Reconciling:
+			why = "is being forgotten or resolved by another call"
+		}
+		return nil, fmt.Errorf("%w: key %q %s", ErrKeyHeld, key, why)
+	default:
+		return nil, strayMove(from, lifecycle.Reconcile)
+	}
+}
+
+// reconciled ends m, reconcile's mark: the key is absent here again, and
+// the calls that waited for it claim again.
+func (t *table[R]) reconciled(m *entry[R]) {
+	sh := m.shard
+	sh.mu.Lock()
+	if t.move(m, lifecycle.Reconciled) == lifecycle.Done {
+		delete(sh.entries, m.key) // on no run, and counted in no MaxKeys
+		sh.marks--
+	}
+	if m.done != nil {
+		close(m.done)
+	}
+	sh.mu.Unlock()
+}
+
+// forget removes key's completed entry, in a store without a Backend. A
+// key in flight is refused with ErrKeyHeld; an absent key is not an
+// error.
 func (t *table[R]) forget(key string) error {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -316,7 +374,7 @@ func (t *table[R]) len() int {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		n += len(sh.entries)
+		n += len(sh.entries) - sh.marks
 		sh.mu.Unlock()
 	}
 	return n

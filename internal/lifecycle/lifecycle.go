@@ -8,9 +8,8 @@
 //
 // The table below reads top to bottom: for each phase, the events it
 // answers. An entry that has left memory (Absent) is never put back: a
-// later claim of its key makes a new entry. So Unpin on an Absent entry
-// (Forget dropped it, and the key may be another execution's) is Done and
-// moves nothing, and an operator's Forget of a key with no entry moves
+// later claim of its key makes a new entry. An operator's Forget of a key
+// with no entry, in a store without a Backend, moves
 // none.
 //
 // What the Backend holds meanwhile is the Backend's own table (see package
@@ -31,11 +30,12 @@ import (
 type Phase uint8
 
 const (
-	Absent    Phase = iota // no entry: the next call claims the key
-	Claiming               // in flight; its claim is on its way to the Backend, which may hold the key for another payload
-	Running                // in flight; the entry's payload is the key's
-	Pinned                 // a final outcome the Backend has yet to take: replayed, never expires, until unpinned
-	Completed              // a final outcome, memory only: replayed until it expires
+	Absent      Phase = iota // no entry: the next call claims the key
+	Claiming                 // in flight; its claim is on its way to the Backend, which may hold the key for another payload
+	Running                  // in flight; the entry's payload is the key's
+	Pinned                   // a final outcome the Backend has yet to take: replayed, never expires, until unpinned
+	Completed                // a final outcome, memory only: replayed until it expires
+	Reconciling              // an operator's Forget or Resolve of the key is at the Backend: calls wait for it, then claim again
 
 	numPhases
 )
@@ -53,7 +53,9 @@ const (
 	Pin                       // the execution's final outcome, which the Backend could not yet record
 	Release                   // the execution failed before commit, or the Backend answered for the key
 	Unpin                     // the Backend took a pinned outcome, or holds another owner's
-	Forget                    // the operator drops the key
+	Forget                    // the operator drops the key, memory only
+	Reconcile                 // the operator's Forget or Resolve, with a Backend, begins
+	Reconciled                // it ended, however it went
 	Expire                    // the outcome's TTL passed
 
 	numEvents
@@ -84,16 +86,17 @@ type Move struct {
 // table is the lifecycle. The zero Move is Invalid.
 var table = [numPhases][numEvents]Move{
 	Absent: {
-		Claim:        {Running, Own},  // memory only: the caller runs the work
-		ClaimDurable: {Claiming, Own}, // the caller claims the key in the Backend, or its transaction
-		Unpin:        {Absent, Done},  // Forget dropped the pin: the key may be another's now
+		Claim:        {Running, Own},     // memory only: the caller runs the work
+		ClaimDurable: {Claiming, Own},    // the caller claims the key in the Backend, or its transaction
+		Unpin:        {Absent, Done},     // released while its outcome was recorded in the background: the key may be another's now
+		Reconcile:    {Reconciling, Own}, // the caller holds the key while it reconciles it in the Backend
 	},
 	Claiming: {
 		Call:      {Claiming, Wait},    // same payload: wait for the outcome
 		CallOther: {Claiming, Recheck}, // the Backend may hold the key for the other payload: wait, call again
 		Confirm:   {Running, Done},     // the claim landed: the payload is the key's
 		Release:   {Absent, Done},      // the claim failed, found an answer, or its transaction ended
-		Forget:    {Claiming, Held},
+		Reconcile: {Claiming, Held},
 	},
 	Running: {
 		Call:      {Running, Wait},
@@ -103,18 +106,28 @@ var table = [numPhases][numEvents]Move{
 		Release:   {Absent, Done},    // failed before commit, or the Backend remembers the outcome
 		Unpin:     {Running, NotYet}, // recorded before its execution pinned it: try again
 		Forget:    {Running, Held},
+		Reconcile: {Running, Held},
 	},
 	Pinned: {
 		Call:      {Pinned, Replay},
 		CallOther: {Pinned, Mismatch},
 		Unpin:     {Absent, Done}, // the Backend took it: later calls read the Backend
-		Forget:    {Absent, Done},
+		Reconcile: {Pinned, Held}, // its outcome is still being recorded by this store, under its claim
 	},
 	Completed: {
 		Call:      {Completed, Replay},
 		CallOther: {Completed, Mismatch},
 		Forget:    {Absent, Done},
 		Expire:    {Absent, Done}, // its TTL passed: a sweep, or a call that finds it
+	},
+	// A reconciliation lets no claim of its key start here while it
+	// works on the Backend's record: one that did could land first and,
+	// judged lapsed there by a clock ahead, be dropped or overwritten
+	// under its running owner.
+	Reconciling: {
+		CallOther:  {Reconciling, Recheck}, // a mark has no payload: every call's is another
+		Reconcile:  {Reconciling, Held},    // another operator's, at once: an operator's call never waits
+		Reconciled: {Absent, Done},
 	},
 }
 
@@ -185,7 +198,7 @@ func Strays() (n int, last string) {
 	return strays.n, strays.last
 }
 
-var phaseNames = [...]string{"Absent", "Claiming", "Running", "Pinned", "Completed"}
+var phaseNames = [...]string{"Absent", "Claiming", "Running", "Pinned", "Completed", "Reconciling"}
 
 func (p Phase) String() string {
 	if int(p) < len(phaseNames) {
@@ -194,7 +207,7 @@ func (p Phase) String() string {
 	return fmt.Sprintf("Phase(%d)", p)
 }
 
-var eventNames = [...]string{"Claim", "ClaimDurable", "Call", "CallOther", "Confirm", "Complete", "Pin", "Release", "Unpin", "Forget", "Expire"}
+var eventNames = [...]string{"Claim", "ClaimDurable", "Call", "CallOther", "Confirm", "Complete", "Pin", "Release", "Unpin", "Forget", "Reconcile", "Reconciled", "Expire"}
 
 func (e Event) String() string {
 	if int(e) < len(eventNames) {

@@ -96,6 +96,9 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 			return err
 		}
 		if err != nil {
+			if err == ErrClosed && again { // it closed while this call waited
+				return errClosedWhileHeld
+			}
 			return err
 		}
 		switch kind {
@@ -116,10 +119,12 @@ func (s *Store[R]) claimKey(ctx context.Context, key string, payload any, wantDo
 			}
 			return e.err
 		case claimRecheck:
-			// Another payload's claim on its way to the Backend: the
-			// key's payload is the Backend's to say, once it has landed
-			// or the claim has ended.
-			if err := recheck(ctx, e); err != nil {
+			// Another payload's claim on its way to the Backend, or an
+			// operator's Forget or Resolve at work there: the key's
+			// payload is the Backend's to say, once it has landed or
+			// ended. Close ends the wait: an operator's call is not
+			// waited for.
+			if err := recheck(ctx, e, s.stopping.Done()); err != nil {
 				return err
 			}
 			continue
@@ -183,8 +188,10 @@ func wait[R any](ctx context.Context, e *entry[R]) error {
 }
 
 // recheck waits until e's claim lands or its outcome is set, or returns
-// an error matching both ErrInProgress and ctx's error if ctx ends first.
-func recheck[R any](ctx context.Context, e *entry[R]) error {
+// an error matching both ErrInProgress and ctx's error if ctx ends first,
+// or ErrInProgress and ErrClosed if stop is closed first (the store is
+// closing).
+func recheck[R any](ctx context.Context, e *entry[R], stop <-chan struct{}) error {
 	if testHookWait != nil {
 		testHookWait()
 	}
@@ -197,6 +204,13 @@ func recheck[R any](ctx context.Context, e *entry[R]) error {
 		case <-e.checked:
 		default:
 			return fmt.Errorf("%w: %w", ErrInProgress, ctx.Err())
+		}
+	case <-stop:
+		select {
+		case <-e.done:
+		case <-e.checked:
+		default:
+			return errClosedWhileHeld
 		}
 	}
 	return nil

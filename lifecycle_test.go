@@ -246,6 +246,12 @@ var lcDrivers = map[lcPair]lcDriver{
 			t.Fatalf("Sweep past the TTL: %d, %v", n, err)
 		}
 	}},
+	{lc.Reconciling, lc.Call}: {onBackend, func(t *testing.T, h *lcHarness) {
+		h.gate.forgetting = func() { h.callUntilHeard(t, "zero", lc.Reconciling, lc.Call) }
+		if err := h.s.Forget(context.Background(), h.key); err != nil {
+			t.Fatal(err)
+		}
+	}},
 	{lc.Reconciling, lc.CallOther}: {onBackend, func(t *testing.T, h *lcHarness) {
 		h.gate.forgetting = func() { h.callUntilHeard(t, "p", lc.Reconciling, lc.CallOther) }
 		if err := h.s.Forget(context.Background(), h.key); err != nil {
@@ -318,7 +324,8 @@ func newLCHarness(t *testing.T, cfg lcConfig) *lcHarness {
 		observer: new(idem.Observer),
 		moved:    make(chan struct{}, 1),
 	}
-	opts := idem.Options{TTL: time.Hour, Now: h.clock.Now, Observer: h.observer, SweepInterval: -1}
+	opts := idem.Options{TTL: time.Hour, Now: h.clock.Now, Observer: h.observer, SweepInterval: -1,
+		Fingerprint: lcFingerprint}
 	if b := cfg.open(t); b != nil {
 		h.gate = &lcGate{Backend: b}
 		opts.Backend = h.gate
@@ -352,6 +359,15 @@ func newLCHarness(t *testing.T, cfg lcConfig) *lcHarness {
 		}
 	})
 	return h
+}
+
+// lcFingerprint is DefaultFingerprint, but for the payload "zero", whose
+// fingerprint is the zero one: what a reconciliation's mark holds.
+func lcFingerprint(payload any) (idem.Fingerprint, error) {
+	if payload == "zero" {
+		return idem.Fingerprint{}, nil
+	}
+	return idem.DefaultFingerprint(payload)
 }
 
 // heard waits for the move ev makes from from on h's key and returns it.

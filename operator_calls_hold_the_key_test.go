@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -156,5 +157,76 @@ func TestCallDuringResolveWaitsForItThenReplays(t *testing.T) {
 	v, err := s.RunOnce(context.Background(), "k", "p", func(context.Context) (int, error) { runs.Add(1); return 2, nil })
 	if v != 7 || err != nil || runs.Load() != 0 {
 		t.Fatalf("a call after Resolve = %d, %v after %d runs; want Resolve's 7, nil and no run", v, err, runs.Load())
+	}
+}
+
+// A call during Forget waits for it whatever its payload's fingerprint,
+// the zero one (an Options.Fingerprint that ignores payloads) included: a
+// mark has no payload for it to match or not.
+func TestCallDuringForgetWaitsWhateverItsFingerprint(t *testing.T) {
+	strays, _ := lc.Strays()
+	gate := &operatorGate{Backend: idemtest.NewMemoryBackend()}
+	s := idem.New[int](idem.Options{Backend: gate, SweepInterval: -1,
+		Fingerprint: func(any) (idem.Fingerprint, error) { return idem.Fingerprint{}, nil }})
+	defer closeWithin(t, s, 5*time.Second)
+	var runs atomic.Int32
+	release := make(chan struct{})
+	close(release)
+	var waited <-chan bool
+	var result <-chan error
+	before := func() { waited, result = callDuring(t, s, &runs, 1, release) }
+	gate.before.Store(&before)
+	if err := s.Forget(context.Background(), "k"); err != nil {
+		t.Fatalf("Forget = %v, want nil", err)
+	}
+	if !<-waited {
+		t.Error("a call during Forget started its run before Forget had answered")
+	}
+	if err := <-result; err != nil || runs.Load() != 1 {
+		t.Errorf("the call during Forget = %v after %d runs, want nil after 1", err, runs.Load())
+	}
+	if n, last := lc.Strays(); n > strays {
+		t.Errorf("the store asked the lifecycle for %d moves it lacks (the last: %s)", n-strays, last)
+	}
+}
+
+// Close ends a call that waits for a Forget whose Backend call does not
+// return: the call answers ErrInProgress and ErrClosed at once, as one
+// waiting for another owner does, and the Forget still ends as its
+// Backend answers.
+func TestCloseEndsACallWaitingForForget(t *testing.T) {
+	gate := &operatorGate{Backend: idemtest.NewMemoryBackend()}
+	s := idem.New[int](idem.Options{Backend: gate, SweepInterval: -1})
+	var runs atomic.Int32
+	unstick, never := make(chan struct{}), make(chan struct{})
+	called := make(chan (<-chan error), 1)
+	before := func() {
+		waited, result := callDuring(t, s, &runs, 1, never)
+		if !<-waited {
+			t.Error("a call during Forget started its run before Forget had answered")
+		}
+		called <- result
+		<-unstick // the Backend's Forget does not answer
+	}
+	gate.before.Store(&before)
+	forgot := make(chan error, 1)
+	go func() { forgot <- s.Forget(context.Background(), "k") }()
+	result := <-called
+	closeWithin(t, s, 5*time.Second)
+	defer close(unstick)
+	select {
+	case err := <-result:
+		if !errors.Is(err, idem.ErrInProgress) || !errors.Is(err, idem.ErrClosed) {
+			t.Errorf("the waiting call after Close = %v, want ErrInProgress and ErrClosed", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the call still waits for the Forget a minute after Close")
+	}
+	unstick <- struct{}{}
+	if err := <-forgot; err != nil {
+		t.Errorf("Forget = %v, want nil", err)
+	}
+	if runs.Load() != 0 {
+		t.Errorf("%d runs after Close", runs.Load())
 	}
 }

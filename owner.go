@@ -145,7 +145,9 @@ func (s *Store[R]) awaitOwner(ctx context.Context, rec backend.Record) (backend.
 	}
 }
 
-// errClosedWhileHeld is awaitOwner's answer when the store closes.
+// errClosedWhileHeld is the answer of a call that waited for a key held
+// by another owner (awaitOwner, recheck, a claim again) when the store
+// closes.
 var errClosedWhileHeld = fmt.Errorf("%w: %w: the store closed while another owner held the key", ErrInProgress, ErrClosed)
 
 // judgedDead returns rec, whose owner this store has judged dead, as

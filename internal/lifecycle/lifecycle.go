@@ -125,8 +125,9 @@ var table = [numPhases][numEvents]Move{
 	// judged lapsed there by a clock ahead, be dropped or overwritten
 	// under its running owner.
 	Reconciling: {
-		CallOther:  {Reconciling, Recheck}, // a mark has no payload: every call's is another
-		Reconcile:  {Reconciling, Held},    // another operator's, at once: an operator's call never waits
+		Call:       {Reconciling, Recheck}, // a mark has no payload: a call of any payload waits
+		CallOther:  {Reconciling, Recheck},
+		Reconcile:  {Reconciling, Held}, // another operator's, at once: an operator's call never waits
 		Reconciled: {Absent, Done},
 	},
 }

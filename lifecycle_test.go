@@ -470,8 +470,9 @@ func (h *lcHarness) completed(t *testing.T) {
 	h.finish(t, nil)
 }
 
-// An lcGate is a Backend whose Claim and Complete a test holds, refuses
-// or lets through, and whose Forget runs forgetting once it has forgotten.
+// An lcGate is a Backend whose Claim a test holds, refuses or lets
+// through, whose Complete it refuses or makes end its goroutine, and whose
+// Forget runs forgetting once it has forgotten.
 type lcGate struct {
 	backend.Backend
 	forgetting func() // set before the Forget that runs it
@@ -480,11 +481,8 @@ type lcGate struct {
 	claimHold    chan struct{} // the next Claim waits for it to close
 	claimed      chan struct{} // closed as that Claim arrives
 	claimRefused bool
-	completeNo   bool          // Complete is refused
-	completeExit bool          // the next Complete ends its goroutine (runtime.Goexit)
-	completeHold chan struct{} // the next Complete to land waits for it to close
-	// completeLanded is closed once that Complete has landed.
-	completeLanded chan struct{}
+	completeNo   bool // Complete is refused
+	completeExit bool // the next Complete ends its goroutine (runtime.Goexit)
 }
 
 func (g *lcGate) holdClaim() <-chan struct{} {
@@ -527,28 +525,9 @@ func (g *lcGate) allowComplete() {
 	g.mu.Unlock()
 }
 
-// holdComplete holds the next Complete to land until releaseComplete;
-// the channel it returns is closed once it has landed.
-func (g *lcGate) holdComplete() <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.completeHold, g.completeLanded = make(chan struct{}), make(chan struct{})
-	return g.completeLanded
-}
-
-func (g *lcGate) releaseComplete() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.completeHold != nil {
-		close(g.completeHold)
-		g.completeHold = nil
-	}
-}
-
 // open lets everything through, for the test's cleanup.
 func (g *lcGate) open() {
 	g.releaseClaim()
-	g.releaseComplete()
 	g.allowComplete()
 }
 
@@ -573,10 +552,7 @@ func (g *lcGate) Claim(ctx context.Context, rec backend.Record, now time.Time, l
 
 func (g *lcGate) Complete(ctx context.Context, rec backend.Record, now time.Time, ttl time.Duration) error {
 	g.mu.Lock()
-	refused, hold, landed, exit := g.completeNo, g.completeHold, g.completeLanded, g.completeExit
-	if !refused {
-		g.completeLanded = nil
-	}
+	refused, exit := g.completeNo, g.completeExit
 	g.completeExit = false
 	g.mu.Unlock()
 	if exit {
@@ -585,12 +561,7 @@ func (g *lcGate) Complete(ctx context.Context, rec backend.Record, now time.Time
 	if refused {
 		return backend.ErrRefused
 	}
-	err := g.Backend.Complete(ctx, rec, now, ttl)
-	if err == nil && landed != nil {
-		close(landed)
-		<-hold
-	}
-	return err
+	return g.Backend.Complete(ctx, rec, now, ttl)
 }
 
 func (g *lcGate) Forget(ctx context.Context, key string, now time.Time) error {

@@ -7,6 +7,7 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/internal/limit"
 	"github.com/seed094d4201/idem/internal/txrun"
+	"github.com/seed094d4201/idem/internal/waitctx"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -64,7 +65,7 @@ func (s *server) serveTx(ctx context.Context, req any, info *grpc.UnaryServerInf
 			// answer as gRPC does, as serve does.
 			return nil, status.FromContextError(cerr).Err()
 		}
-		return nil, s.refusal(err)
+		return nil, s.refusal(waitctx.RanOut(wait.Ctx(), err))
 	}
 	var pe *idem.PanicError
 	var unstored *handlerError
@@ -80,6 +81,10 @@ func (s *server) serveTx(ctx context.Context, req any, info *grpc.UnaryServerInf
 	case errors.As(err, &pe):
 		quota.Cancel()
 		s.opts.Logger.Error("idemgrpc: handler panicked; its writes were rolled back and its key released", "method", info.FullMethod, "panic", pe.Value, "stack", string(pe.Stack))
+		return nil, status.Error(codes.Internal, "the call failed; it may be retried with the same key")
+	case errors.Is(err, idem.ErrGoexit): // as a panic: the handler's goroutine ended
+		quota.Cancel()
+		s.opts.Logger.Error("idemgrpc: handler called runtime.Goexit; its writes were rolled back and its key released", "method", info.FullMethod)
 		return nil, status.Error(codes.Internal, "the call failed; it may be retried with the same key")
 	case errors.As(err, &unstored):
 		// Rolled back, and delivered as the handler returned it, with the

@@ -292,7 +292,9 @@ func (s *server) serve(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, s.overQuota(scope)
 	}
 	if err != nil {
-		return nil, s.refusal(err)
+		// Wait ran out before the claim was tried (a loaded server): a
+		// wait that ran out, not the store's failure.
+		return nil, s.refusal(waitctx.RanOut(bctx, err))
 	}
 	defer t.Release()
 	if t.Replayed() {

@@ -10,6 +10,7 @@ import (
 	"github.com/seed094d4201/idem/backend"
 	"github.com/seed094d4201/idem/internal/limit"
 	"github.com/seed094d4201/idem/internal/txrun"
+	"github.com/seed094d4201/idem/internal/waitctx"
 )
 
 // serveTx is Serve's run in the transactional mode (Options.InTx): the key
@@ -45,12 +46,7 @@ func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.H
 		return resp, nil
 	})
 	if !wait.Started() { // a replay, or why there is none: no handler ran here
-		if err != nil && !errors.Is(err, idem.ErrInProgress) && wait.Ctx().Err() != nil && errors.Is(err, wait.Ctx().Err()) {
-			// The wait ended (Options.Wait, or the client hung up) before
-			// the claim was even tried: as for any wait that ran out,
-			// retry later. A client can cause this at will: no error log.
-			err = fmt.Errorf("%w: %w", idem.ErrInProgress, err)
-		}
+		err = waitctx.RanOut(wait.Ctx(), err)
 		if refusedInTx(err) {
 			// The request this one waited on could not hold its response:
 			// it was answered, and logged, already; the store did not fail.
@@ -69,7 +65,7 @@ func (g *Guard) serveTx(w http.ResponseWriter, r, req *http.Request, next http.H
 	case errors.Is(err, errOverQuota):
 		g.answer(w, req, next, resp, err, scope, lk)
 		return
-	case errors.As(err, &pe):
+	case errors.As(err, &pe), errors.Is(err, idem.ErrGoexit): // the handler's goroutine ended
 		quota.Cancel()
 		g.afterRun(w, req, before, false, err, lk)
 		return

@@ -398,11 +398,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	bctx := waitctx.WithTimeout(r.Context(), g.opts.Wait)
 	defer bctx.Stop()
 	t, err := g.store.Begin(bctx, storeKey, fp[:])
-	if err != nil && !errors.Is(err, idem.ErrInProgress) && bctx.Err() != nil && errors.Is(err, bctx.Err()) {
-		// The wait bound ran out before the claim was even tried (a loaded
-		// server): as for any wait that ran out, retry later.
-		err = fmt.Errorf("%w: %w", idem.ErrInProgress, err)
-	}
+	err = waitctx.RanOut(bctx, err) // the bound ran out before the claim was tried (a loaded server)
 	if err != nil || t.Replayed() {
 		var resp Response
 		if err == nil {
@@ -512,11 +508,15 @@ func (g *Guard) afterRun(w http.ResponseWriter, r *http.Request, before http.Hea
 	}
 	var pe *idem.PanicError // declared past the common path: it escapes, an allocation
 	switch {
-	case errors.As(err, &pe):
-		if errors.Is(pe, http.ErrAbortHandler) {
+	case errors.As(err, &pe) || errors.Is(err, idem.ErrGoexit):
+		switch {
+		case pe == nil: // the handler ran on a goroutine of its own (InTx), which it ended
+			g.opts.Logger.Error("idemhttp: handler called runtime.Goexit; its key is released", lk.with()...)
+		case errors.Is(pe, http.ErrAbortHandler):
 			panic(http.ErrAbortHandler) // the handler asked to abort the response
+		default:
+			g.opts.Logger.Error("idemhttp: handler panicked; its key is released", lk.with("panic", pe.Value, "stack", string(pe.Stack))...)
 		}
-		g.opts.Logger.Error("idemhttp: handler panicked; its key is released", lk.with("panic", pe.Value, "stack", string(pe.Stack))...)
 		if written {
 			// Part of a response is out: abort it, as net/http would, so
 			// the client does not take it for a whole one.

@@ -116,6 +116,11 @@ func (g guarded) Get(ctx context.Context, key string, now time.Time) (r backend.
 	defer guard(&returned, func(v any) { r, ok, err = backend.Record{}, false, errPanicked("Get", v) }, nil)
 	r, ok, err = g.b.Get(ctx, key, now)
 	returned = true
+	if err == nil && ok && r.Key != key {
+		// Another key's record: acted on (Resolve, a replay when memory
+		// is full), it would write or answer the wrong key.
+		return backend.Record{}, false, fmt.Errorf("%w: a get of %q answered with a record of %q", errMalformed, key, r.Key)
+	}
 	return r, ok, err
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/seed094d4201/idem/backend"
@@ -33,7 +34,7 @@ func (s *Store[R]) complete(ctx context.Context, done backend.Record) error {
 		switch {
 		case !found || rec.Token != done.Token:
 			return true, backend.ErrNotOwner
-		case rec.State == backend.StateCompleted && sameOutcome(rec, done):
+		case rec.State == backend.StateCompleted && holdsOutcome(rec, done):
 			return true, nil // an earlier try landed
 		case rec.State == backend.StateCompleted:
 			// Completed under this token with another outcome: the claim's
@@ -45,9 +46,12 @@ func (s *Store[R]) complete(ctx context.Context, done backend.Record) error {
 	}, done.Key)
 }
 
-// sameOutcome reports whether two records hold the same outcome.
-func sameOutcome(a, b backend.Record) bool {
-	return a.Failed == b.Failed && a.ErrMsg == b.ErrMsg && bytes.Equal(a.Value, b.Value)
+// holdsOutcome reports whether read, a completed record read back, holds
+// done's outcome: its message as written, or as a backend that cannot
+// store every byte of it stores it (backend.StorableText).
+func holdsOutcome(read, done backend.Record) bool {
+	return read.Failed == done.Failed && bytes.Equal(read.Value, done.Value) &&
+		(read.ErrMsg == done.ErrMsg || read.ErrMsg == backend.StorableText(done.ErrMsg))
 }
 
 // release deletes the claim held by token, settling a failed try as
@@ -70,8 +74,10 @@ func (s *Store[R]) release(ctx context.Context, key, token string) error {
 // settle runs write until it succeeds or check, given the key's record as
 // read back after a failed try, says the write is settled (with the error
 // it returns). When Options.SettleTimeout runs out it returns the last
-// error. The callers pass a context without cancellation, so only that
-// timeout ends the whole.
+// error, but never as ErrNotOwner: a repeat that finds its own earlier
+// try landed answers that too (the Backend contract), so only the record
+// read back tells a lost claim. The callers pass a context without
+// cancellation, so only that timeout ends the whole.
 func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error, check func(backend.Record, bool) (bool, error), key string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.SettleTimeout)
 	defer cancel()
@@ -91,11 +97,18 @@ func (s *Store[R]) settle(ctx context.Context, write func(context.Context) error
 			}
 		}
 		if !pause(ctx.Done(), wait) {
+			if errors.Is(err, backend.ErrNotOwner) {
+				return fmt.Errorf("%w: the write answered %q, and the record could not be read back to tell whether an earlier try landed", errUnsettled, err)
+			}
 			return err
 		}
 		wait = min(2*wait, settleMax)
 	}
 }
+
+// errUnsettled is why a write's fate is unknown when it answered
+// ErrNotOwner and its record could not be read back.
+var errUnsettled = errors.New("idem: the write's fate is unknown")
 
 // pause waits for d and reports true, or reports false at once if done is
 // closed first.

@@ -76,7 +76,8 @@ type Record struct {
 	LeaseUntil  time.Time // pending records: until when the owner's claim holds without renewal; zero for no lease
 
 	// Completed records only: the result encoded by the Store's Codec, and,
-	// for an outcome that is a final error, that error's message.
+	// for an outcome that is a final error, that error's message (stored
+	// as it is, or as StorableText makes it).
 	Value  []byte
 	Failed bool
 	ErrMsg string

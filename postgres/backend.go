@@ -472,7 +472,7 @@ func (b *Backend) Complete(ctx context.Context, rec backend.Record, _ time.Time,
 		ttl                int64Arg
 		value              bytesArg
 		args               [6]any
-	}{key: textArg(rec.Key), token: textArg(rec.Token), errMsg: textArg(storable(rec.ErrMsg)), ttl: int64Arg(micros(ttl)), value: bytesArg(rec.Value)}
+	}{key: textArg(rec.Key), token: textArg(rec.Token), errMsg: textArg(backend.StorableText(rec.ErrMsg)), ttl: int64Arg(micros(ttl)), value: bytesArg(rec.Value)}
 	c.args = [...]any{&c.key, &c.token, &c.ttl, &c.value, rec.Failed, &c.errMsg}
 	tag, err := b.exec(ctx, b.q.complete, c.args[:]...)
 	return backend.Owned(tag.RowsAffected(), err, rec.Key)

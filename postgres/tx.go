@@ -288,7 +288,7 @@ func runTx[R any](ctx context.Context, store *idem.Store[R], b *Backend, c claim
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(end)
-	batch.Queue(completeChecked(b), done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, storable(done.ErrMsg))
+	batch.Queue(completeChecked(b), done.Key, done.Token, micros(opts.TTL), done.Value, done.Failed, backend.StorableText(done.ErrMsg))
 	batch.Queue(`commit`)
 	cerr := c.conn.SendBatch(ctx, batch).Close()
 	switch {

@@ -149,10 +149,10 @@ func (e *PanicError) Unwrap() error {
 // it again) and goes on trying to record it (Forget and Resolve of the
 // key in this store are refused with ErrKeyHeld meanwhile); after a
 // restart the key is interrupted (ErrOutcomeUnknown) until an operator
-// reconciles it. If
-// instead the claim was lost (Err matches backend.ErrNotOwner: its lease
-// lapsed, or an operator deleted it, and another owner may have taken the
-// key), the backend holds what it holds now, which later callers get.
+// reconciles it. If instead the claim was lost (Err matches
+// backend.ErrNotOwner: its lease lapsed, or an operator deleted it, and
+// another owner may have taken the key), the backend holds what it holds
+// now, which later callers get.
 type NotRecordedError struct {
 	Err error // why recording failed
 }

@@ -9,8 +9,7 @@
 // The table below reads top to bottom: for each phase, the events it
 // answers. An entry that has left memory (Absent) is never put back: a
 // later claim of its key makes a new entry. An operator's Forget of a key
-// with no entry, in a store without a Backend, moves
-// none.
+// with no entry, in a store without a Backend, moves none.
 //
 // What the Backend holds meanwhile is the Backend's own table (see package
 // backend): a Claiming or Running entry's claim is pending there under the

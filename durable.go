@@ -320,7 +320,13 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 	done := claim
 	rerr := s.encode(&done, val, err) // the Codec: the user's code
 	encoded := rerr == nil
+	var at time.Time
 	if encoded {
+		// The outcome's TTL runs from now, when it was known, however
+		// late a write lands: one that landed after the clock stepped
+		// back would be remembered for less than a TTL once the clock
+		// steps forward again.
+		at = s.opts.Now()
 		// A Backend that ends the goroutine (runtime.Goexit) in the write
 		// leaves the outcome's fate unknown: it goes on being recorded in
 		// the background, its claim's lease renewed till then, as an
@@ -330,8 +336,8 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 		// the entry unpinned: callers here read the Backend, which holds
 		// the claim until the outcome is recorded.
 		returned := false
-		defer exiting(&returned, func() { s.completeLater(done, t.e, t.takeLease()) })
-		rerr = s.complete(record, done)
+		defer exiting(&returned, func() { s.completeLater(done, at, t.e, t.takeLease()) })
+		rerr = s.complete(record, done, at)
 		returned = true
 	}
 	l := t.takeLease()
@@ -350,7 +356,7 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 		l.stop()
 		return &NotRecordedError{Err: rerr}, false, nil
 	case encoded:
-		s.completeLater(done, t.e, l)
+		s.completeLater(done, at, t.e, l)
 	default:
 		s.holdLease(l)
 	}

@@ -67,7 +67,7 @@ func (s *Store[R]) Resolve(ctx context.Context, key string, val R, err error) er
 	if eerr := s.encode(&done, val, checkedError(Final(err))); eerr != nil {
 		return eerr
 	}
-	switch cerr := s.complete(context.WithoutCancel(ctx), done); {
+	switch cerr := s.complete(context.WithoutCancel(ctx), done, s.opts.Now()); {
 	case errors.Is(cerr, backend.ErrNotOwner):
 		return fmt.Errorf("%w: key %q changed hands while it was resolved", ErrNotInterrupted, key)
 	case cerr != nil:

@@ -25,11 +25,12 @@ const (
 // record completed under this token means an earlier try landed, another
 // token or no record means the claim was lost (ErrNotOwner), and the claim
 // still pending means no try landed yet, so it tries again until
-// Options.SettleTimeout runs out.
-func (s *Store[R]) complete(ctx context.Context, done backend.Record) error {
+// Options.SettleTimeout runs out. Every try expires the outcome TTL after
+// at, when it was known.
+func (s *Store[R]) complete(ctx context.Context, done backend.Record, at time.Time) error {
 	b := s.b
 	return s.settle(ctx, func(ctx context.Context) error {
-		return b.Complete(ctx, done, s.opts.Now(), s.opts.TTL)
+		return b.Complete(ctx, done, at, s.opts.TTL)
 	}, func(rec backend.Record, found bool) (bool, error) {
 		switch {
 		case !found || rec.Token != done.Token:
@@ -149,19 +150,19 @@ func (s *Store[R]) releaseOrLater(ctx context.Context, key, token string) error 
 // key), the pin ends and later calls read the backend; only e's pin, never
 // a later execution's entry for the key. It gives up when the store
 // closes; after a restart the key is interrupted.
-func (s *Store[R]) completeLater(done backend.Record, e *entry[R], l *lease[R]) {
+func (s *Store[R]) completeLater(done backend.Record, at time.Time, e *entry[R], l *lease[R]) {
 	s.recording.Add(1)
-	s.startBackground(func() { s.recordLater(done, e, l, false) })
+	s.startBackground(func() { s.recordLater(done, at, e, l, false) })
 }
 
 // recordLater is completeLater's goroutine. A Backend that ends it
 // (runtime.Goexit) does not end the recording: it goes on from a fresh
 // goroutine, after a pause (again), so that the pin and the lease are
 // not left for ever.
-func (s *Store[R]) recordLater(done backend.Record, e *entry[R], l *lease[R], again bool) {
+func (s *Store[R]) recordLater(done backend.Record, at time.Time, e *entry[R], l *lease[R], again bool) {
 	returned := false
 	defer exiting(&returned, func() {
-		s.startBackground(func() { s.recordLater(done, e, l, true) })
+		s.startBackground(func() { s.recordLater(done, at, e, l, true) })
 	})
 	defer func() {
 		if returned {
@@ -179,7 +180,7 @@ func (s *Store[R]) recordLater(done backend.Record, e *entry[R], l *lease[R], ag
 	}
 	for wait := settleMin; ; wait = min(2*wait, settleMax) {
 		ctx, cancel := context.WithTimeout(s.closing, s.opts.SettleTimeout)
-		err := s.complete(ctx, done)
+		err := s.complete(ctx, done, at)
 		cancel()
 		if err == nil || errors.Is(err, backend.ErrNotOwner) {
 			// Its execution may have yet to pin it.

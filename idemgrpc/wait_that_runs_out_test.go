@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/seed094d4201/idem"
 	"github.com/seed094d4201/idem/idemgrpc"
 	"github.com/seed094d4201/idem/idemtest"
-	"github.com/seed094d4201/idem/sqlite"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -23,28 +21,16 @@ import (
 // retry later, as idemhttp answers it 409. It was taken for the store's
 // failure: "store unavailable" logged at Error, and Unavailable.
 func TestWaitThatRunsOutBeforeTheClaimIsNotAStoreFailure(t *testing.T) {
-	for _, mode := range []string{"memory", "durable", "InTx"} {
+	for _, mode := range []string{"memory", "durable"} {
 		t.Run(mode, func(t *testing.T) {
 			opts := idem.Options{}
-			var inTx func(context.Context, *idem.Store[idemgrpc.Reply], string, any, func(context.Context) (idemgrpc.Reply, error)) (idemgrpc.Reply, error)
-			switch mode {
-			case "durable":
+			if mode == "durable" {
 				opts.Backend = idemtest.NewMemoryBackend()
-			case "InTx":
-				db, err := sqlite.Open(filepath.Join(t.TempDir(), "keys.db"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = db.Close() })
-				if opts.Backend, err = sqlite.New(context.Background(), db, sqlite.Options{}); err != nil {
-					t.Fatal(err)
-				}
-				inTx = sqlite.InTx[idemgrpc.Reply]
 			}
 			store := newStore(t, opts)
 			var logs bytes.Buffer
 			conn := startDo(t, func(ctx context.Context, in *structpb.Struct) (*structpb.Struct, error) { return in, nil },
-				[]grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(store, idemgrpc.Options{Unscoped: true, Wait: time.Nanosecond, InTx: inTx, Logger: slog.New(slog.NewTextHandler(&logs, nil))})})
+				[]grpc.UnaryServerInterceptor{idemgrpc.UnaryServerInterceptor(store, idemgrpc.Options{Unscoped: true, Wait: time.Nanosecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})})
 			_, err := callDo(context.Background(), conn, "k")
 			if strings.Contains(logs.String(), "store unavailable") {
 				t.Errorf("a wait bound that ran out is logged as the store's failure; answered %v", code(err))

@@ -326,7 +326,6 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 		// late a write lands: one that landed after the clock stepped
 		// back would be remembered for less than a TTL once the clock
 		// steps forward again.
-		at = s.opts.Now()
 		// A Backend that ends the goroutine (runtime.Goexit) in the write
 		// leaves the outcome's fate unknown: it goes on being recorded in
 		// the background, its claim's lease renewed till then, as an
@@ -336,7 +335,13 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 		// the entry unpinned: callers here read the Backend, which holds
 		// the claim until the outcome is recorded.
 		returned := false
-		defer exiting(&returned, func() { s.completeLater(done, at, t.e, t.takeLease()) })
+		defer exiting(&returned, func() {
+			if at.IsZero() { // Options.Now ended the goroutine: the system clock answers, as for one that panics
+				at = time.Now()
+			}
+			s.completeLater(done, at, t.e, t.takeLease())
+		})
+		at = s.opts.Now()
 		rerr = s.complete(record, done, at)
 		returned = true
 	}

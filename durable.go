@@ -322,10 +322,6 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 	encoded := rerr == nil
 	var at time.Time
 	if encoded {
-		// The outcome's TTL runs from now, when it was known, however
-		// late a write lands: one that landed after the clock stepped
-		// back would be remembered for less than a TTL once the clock
-		// steps forward again.
 		// A Backend that ends the goroutine (runtime.Goexit) in the write
 		// leaves the outcome's fate unknown: it goes on being recorded in
 		// the background, its claim's lease renewed till then, as an
@@ -341,6 +337,10 @@ func (s *Store[R]) finishDurable(t *Ticket[R], val R, err error, final bool) (un
 			}
 			s.completeLater(done, at, t.e, t.takeLease())
 		})
+		// The outcome's TTL runs from now, when it was known, however
+		// late a write lands: one that landed after the clock stepped
+		// back would be remembered for less than a TTL once the clock
+		// steps forward again.
 		at = s.opts.Now()
 		rerr = s.complete(record, done, at)
 		returned = true

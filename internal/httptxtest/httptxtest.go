@@ -85,7 +85,7 @@ func Run(t *testing.T, h Harness) {
 		{"HandlerRollsItsTxBack", func(t *testing.T, h Harness) { testEndsItsTx(t, h, false) }},
 		{"ServerErrorIsDeliveredAndRolledBack", testServerError},
 		{"PanicIs500AndRolledBack", testPanic},
-		{"GoexitIsRolledBack", testGoexit},
+		{"GoexitIs500AndRolledBack", testGoexit},
 		{"ClientHangUpDoesNotStopTheCommit", testHangUp},
 		{"ExecutionTimeoutRollsBackWith503", testExecutionTimeout},
 		{"DuplicateWaitsThenReplays", func(t *testing.T, h Harness) { testDuplicateWaits(t, h, false) }},
@@ -511,7 +511,7 @@ func testPanic(t *testing.T, h Harness) {
 
 // A handler that ends its goroutine (runtime.Goexit, as t.FailNow does)
 // returns no response: its rows roll back with the claim, and the request
-// is answered as one whose transaction did not commit.
+// is answered as one whose handler panicked, 500, as without InTx.
 func testGoexit(t *testing.T, h Harness) {
 	f := h.New(t, idem.Options{})
 	srv := serve(t, h, f.Store, idemhttp.Options{}, nil, firstThen(func(_ int32, w http.ResponseWriter, r *http.Request) {
@@ -524,7 +524,7 @@ func testGoexit(t *testing.T, h Harness) {
 		runtime.Goexit()
 	}, charge(f)))
 	r := mustPost(t, srv.URL, "k", "p")
-	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode, r.body)
+	assert.Equal(t, http.StatusInternalServerError, r.StatusCode, r.body)
 	assert.Empty(t, r.Header.Get("X-Handler"))
 	isRolledBack(t, f, srv, "k", "p")
 }
